@@ -1,0 +1,116 @@
+"""Measure this host's CPU figures that topologies/localhost-cpu.yaml cites.
+
+Prints, and writes to benchmarks/results/host_probe.json: the best GEMM throughput per core in fp32 and bf16
+(torch.matmul, 2048^3, one thread), memory-bound throughput (a large elementwise op), and the fixed cost of one
+small framework op (dispatch overhead). Run: `python benchmarks/host_probe.py`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+def best_of(fn, repeats: int = 7) -> float:
+    fn()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return min(times)
+
+
+def gemm_curve() -> dict[str, float]:
+    """Fraction of the best per-core fp32 GEMM rate reached by square GEMMs of growing size."""
+    torch.set_num_threads(1)
+    rates = {}
+    for n in (32, 64, 128, 256, 512, 1024, 2048):
+        a, b = torch.randn(n, n), torch.randn(n, n)
+        reps = max(1, 2**27 // n**3)
+        t = best_of(lambda a=a, b=b, reps=reps: [a @ b for _ in range(reps)]) / reps
+        rates[n] = 2 * n**3 / t
+    top = max(rates.values())
+    return {f"gemm_fp32_fraction_n{n}_{2 * n**3 / 1e9:.4g}GFLOP": round(r / top, 3) for n, r in rates.items()}
+
+
+def _gloo_worker(rank: int, world: int, port: int, queue: mp.SimpleQueue) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    result = {}
+    for nbytes in (4, 2**26):
+        x = torch.ones(nbytes // 4)
+        dist.all_reduce(x)
+        dist.barrier()
+        reps = 200 if nbytes == 4 else 5
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            dist.all_reduce(x)
+        result[nbytes] = (time.perf_counter() - t0) / reps
+    if rank == 0:
+        queue.put(result)
+    dist.destroy_process_group()
+
+
+def gloo_allreduce(world: int = 2, port: int = 29631) -> dict[str, float]:
+    """Latency (4 B) and bus bandwidth (64 MiB) of a gloo all-reduce between `world` processes on loopback."""
+    queue: mp.SimpleQueue = mp.get_context("spawn").SimpleQueue()
+    mp.start_processes(_gloo_worker, args=(world, port, queue), nprocs=world, start_method="spawn")
+    times = queue.get()
+    busbw = 2 * (world - 1) / world * 2**26 / times[2**26]  # nccl-tests' all-reduce bus bandwidth
+    return {
+        "gloo_allreduce_4B_us": round(times[4] * 1e6, 1),
+        "gloo_allreduce_busbw_GBps": round(busbw / 1e9, 3),
+    }
+
+
+def disk_write() -> float:
+    """Sequential write bandwidth of the working directory's disk, fsync included (GB/s)."""
+    data = os.urandom(2**20) * 256
+    with tempfile.NamedTemporaryFile(dir=Path(__file__).parent) as f:
+        t0 = time.perf_counter()
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+        return round(len(data) / (time.perf_counter() - t0) / 1e9, 3)
+
+
+def main() -> None:
+    torch.set_num_threads(1)
+    out: dict[str, object] = {"host": platform.node(), "cpu": platform.processor(), "cores": os.cpu_count()}
+    n = 2048
+    for dtype in (torch.float32, torch.bfloat16):
+        a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+        t = best_of(lambda a=a, b=b: a @ b)
+        out[f"gemm_gflops_per_core_{str(dtype).split('.')[-1]}"] = round(2 * n**3 / t / 1e9, 1)
+    x = torch.randn(64 * 2**20)  # 256 MiB: far past the caches
+    t = best_of(lambda: torch.mul(x, 2.0))
+    out["elementwise_GBps_per_core"] = round(2 * x.numel() * 4 / t / 1e9, 2)
+    torch.set_num_threads(os.cpu_count() or 1)
+    t = best_of(lambda: torch.mul(x, 2.0))
+    out["elementwise_GBps_all_cores"] = round(2 * x.numel() * 4 / t / 1e9, 2)
+    small = torch.randn(8)
+    reps = 20000
+    t = best_of(lambda: [torch.add(small, 1.0) for _ in range(reps)], repeats=3)
+    out["op_overhead_us"] = round(t / reps * 1e6, 2)
+    out.update(gemm_curve())
+    out.update(gloo_allreduce())
+    out["disk_write_GBps"] = disk_write()
+    for key, value in out.items():
+        print(f"{key:32s} {value}")
+    path = Path(__file__).parent / "results" / "host_probe.json"
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(json.dumps(out, indent=2) + "\n")
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

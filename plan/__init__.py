@@ -1,0 +1,23 @@
+"""The shared plan format: schema, presets, rank grid and run records. Imports nothing of twin/ or executor/."""
+
+from plan.cluster import Cluster
+from plan.loader import PlanError, load, load_cluster, plan_cluster
+from plan.model_math import model_flops_per_token, param_count
+from plan.rank_grid import RankGrid
+from plan.schema import Layout, ModelSpec, Plan, Reliability, Training
+
+__all__ = [
+    "Cluster",
+    "Layout",
+    "ModelSpec",
+    "Plan",
+    "PlanError",
+    "RankGrid",
+    "Reliability",
+    "Training",
+    "load",
+    "load_cluster",
+    "model_flops_per_token",
+    "param_count",
+    "plan_cluster",
+]

@@ -1,0 +1,264 @@
+"""The cluster: the hardware facts a plan runs on, loaded from `topologies/<name>.yaml`.
+
+A cluster file never holds a parallel degree, and every section carries `source`: the datasheet, paper or
+benchmark its numbers came from. Units live in field names (`bandwidth_GBps` is 1e9 bytes/s, one direction,
+per GPU; `latency_us` microseconds; `hbm_GB` 1e9 bytes as datasheets print it). The twin converts to SI once,
+where it reads these.
+"""
+
+from __future__ import annotations
+
+from typing import Final, Literal
+
+from pydantic import Field, NonNegativeFloat, PositiveFloat, PositiveInt, field_validator, model_validator
+
+from plan.schema import Section
+
+CLUSTER_SCHEMA_VERSION: Final = 1
+
+# Failure components, after the root-cause categories of Llama 3's 54-day table (Dubey et al. 2024, Table 5),
+# grouped into the classes the twin simulates. `planned` is planned maintenance.
+FAILURE_COMPONENTS = (
+    "gpu",  # faulty GPU, GPU system processor
+    "hbm",  # GPU HBM3 memory
+    "sram",  # GPU SRAM memory
+    "nic",  # network interface
+    "switch",  # network switch or cable
+    "host",  # host maintenance, CPU, system memory, SSD, power supply, chassis, IO expansion board
+    "software",  # software bug, dependency, NCCL watchdog timeout
+    "sdc",  # silent data corruption
+    "thermal",  # GPU thermal interface and sensor
+    "planned",  # planned maintenance
+)
+
+PEAK_DTYPES = ("fp64", "fp32", "tf32", "bf16", "fp16", "fp8")
+
+
+class Sourced(Section):
+    """A section whose numbers all come from the cited `source`."""
+
+    source: str = Field(min_length=8)
+    """Where these numbers come from: datasheet, paper (with table or section) or benchmark."""
+
+
+class Accelerator(Sourced):
+    """One accelerator chip."""
+
+    name: str
+    """Product name, e.g. 'H100 SXM5 80GB'."""
+    kind: Literal["gpu", "tpu", "cpu"] = "gpu"
+    """Kind of device; a `cpu` device is a rank slot on host cores (executor runs on CPU machines)."""
+    peak_tflops: dict[str, PositiveFloat]
+    """Dense peak throughput per dtype (TFLOP/s), without structured sparsity."""
+    hbm_GB: PositiveFloat
+    """Device memory (1e9 bytes)."""
+    hbm_bandwidth_GBps: PositiveFloat
+    """Device memory bandwidth (1e9 bytes/s)."""
+    tdp_W: PositiveFloat
+    """Board power at full load (watts)."""
+
+    @field_validator("peak_tflops")
+    @classmethod
+    def _known_dtypes(cls, v: dict[str, float]) -> dict[str, float]:
+        unknown = sorted(set(v) - set(PEAK_DTYPES))
+        if unknown:
+            raise ValueError(f"unknown dtype(s) {unknown}; use {', '.join(PEAK_DTYPES)}")
+        if "bf16" not in v:
+            raise ValueError("needs a bf16 entry (the default training dtype)")
+        return v
+
+
+class ComputeEfficiency(Sourced):
+    """How close real kernels come to the accelerator's peak (a saturating curve the twin evaluates per GEMM)."""
+
+    gemm_peak_fraction: dict[str, PositiveFloat]
+    """Highest fraction of peak FLOP/s a large GEMM reaches, per dtype (0-1]."""
+    gemm_half_gflop: PositiveFloat
+    """GEMM size at which it reaches half of that fraction (GFLOP); sets how fast small GEMMs fall off."""
+    kernel_overhead_us: NonNegativeFloat
+    """Fixed cost per kernel or framework op: launch and dispatch (microseconds)."""
+    memory_bandwidth_fraction: PositiveFloat = Field(le=1)
+    """Fraction of HBM bandwidth that memory-bound kernels (norms, activations, optimizer) reach."""
+
+    @field_validator("gemm_peak_fraction")
+    @classmethod
+    def _fractions(cls, v: dict[str, float]) -> dict[str, float]:
+        for dtype, frac in v.items():
+            if dtype not in PEAK_DTYPES or not 0 < frac <= 1:
+                raise ValueError(f"{dtype}: {frac} must be a dtype of {PEAK_DTYPES} with a fraction in (0, 1]")
+        return v
+
+
+class Link(Sourced):
+    """One tier of the fabric as one GPU sees it."""
+
+    name: str
+    """Tier name, e.g. 'nvlink', 'leaf', 'spine', 'dci'."""
+    bandwidth_GBps: PositiveFloat
+    """Bandwidth per GPU through this tier, one direction (1e9 bytes/s)."""
+    latency_us: NonNegativeFloat
+    """One-way latency of a small message crossing this tier, end to end (microseconds)."""
+    efficiency: PositiveFloat = Field(le=1)
+    """Fraction of `bandwidth_GBps` that large collectives reach as nccl-tests bus bandwidth (0-1]."""
+
+
+class FabricTier(Link):
+    """A switching tier above the node: a group of `span_nodes` nodes is non-blocking below it."""
+
+    span_nodes: PositiveInt
+    """Nodes inside one domain of this tier, e.g. the nodes under one rail-leaf group (count)."""
+    oversubscription: float = Field(default=1.0, ge=1)
+    """Downlink to uplink bandwidth ratio of this tier's switches (1 = non-blocking)."""
+
+
+class NodeSpec(Sourced):
+    """One server: its accelerators, intra-node fabric, host and power."""
+
+    gpus: PositiveInt
+    """Accelerators per node (count); for a `cpu` accelerator, the rank slots of the host."""
+    cpu_cores: PositiveInt
+    """Physical host CPU cores (count); ranks of a CPU cluster share these."""
+    host_memory_GB: PositiveFloat
+    """Host DRAM (1e9 bytes)."""
+    intra: Link
+    """The intra-node fabric (NVLink/NVSwitch, ICI, or shared memory)."""
+    nvls: bool = False
+    """The intra-node switch reduces in the network (NVLink SHARP)."""
+    d2h_bandwidth_GBps: PositiveFloat
+    """Device-to-host copy bandwidth per GPU, for async checkpoint staging (1e9 bytes/s)."""
+    power_kW: PositiveFloat
+    """Whole-node power at training load (kW)."""
+
+
+class Torus(Sourced):
+    """A direct-connect torus (TPU ICI): every chip links to its neighbours along each dimension."""
+
+    dims: tuple[PositiveInt, ...]
+    """Torus extent along each dimension (chips)."""
+    link_bandwidth_GBps: PositiveFloat
+    """Bandwidth of one link, one direction (1e9 bytes/s)."""
+    latency_us: NonNegativeFloat
+    """Latency per hop (microseconds)."""
+    wraparound: bool = True
+    """Links close each dimension into a ring."""
+
+
+class Fabric(Sourced):
+    """The scale-out fabric: a switched fat-tree of tiers, a torus, or nothing (one node)."""
+
+    kind: Literal["fat-tree", "torus", "single-node"]
+    """Topology family."""
+    rails: PositiveInt = 1
+    """Scale-out NICs per node (count)."""
+    rail_optimized: bool = False
+    """NIC i of every node connects to leaf switch group i (GPU i's rail)."""
+    tiers: tuple[FabricTier, ...] = ()
+    """Switching tiers above the node, innermost first (span_nodes grows outward)."""
+    torus: Torus | None = None
+    """The torus, for kind 'torus'."""
+    sharp: bool = False
+    """Scale-out switches reduce in the network (InfiniBand SHARP)."""
+
+    @model_validator(mode="after")
+    def _check(self) -> Fabric:
+        if self.kind == "fat-tree" and not self.tiers:
+            raise ValueError("tiers: a fat-tree needs at least one tier")
+        if self.kind == "torus" and self.torus is None:
+            raise ValueError("torus: kind 'torus' needs the torus section (dims, link_bandwidth_GBps, ...)")
+        spans = [t.span_nodes for t in self.tiers]
+        if spans != sorted(spans):
+            raise ValueError(f"tiers: span_nodes must grow outward, got {spans}")
+        return self
+
+
+class Storage(Sourced):
+    """The parallel filesystem that checkpoints are written to and data is read from."""
+
+    write_GBps: PositiveFloat
+    """Aggregate checkpoint write bandwidth (1e9 bytes/s)."""
+    read_GBps: PositiveFloat
+    """Aggregate read bandwidth for training data and restores (1e9 bytes/s)."""
+    per_node_write_GBps: PositiveFloat
+    """Write bandwidth one node can drive (1e9 bytes/s); a job writes at min(aggregate, nodes · this)."""
+
+
+class Failures(Sourced):
+    """Failure rates by component and what a failure costs to repair."""
+
+    rates_per_node_day: dict[str, NonNegativeFloat]
+    """Interruptions per node per day, by component (see FAILURE_COMPONENTS)."""
+    weibull_shape: PositiveFloat = 1.0
+    """Shape of the time-between-failures distribution: 1 exponential, <1 infant mortality, >1 wear-out."""
+    repair_hours: PositiveFloat
+    """Time until a failed node is repaired and can rejoin as a spare (hours)."""
+
+    @field_validator("rates_per_node_day")
+    @classmethod
+    def _known_components(cls, v: dict[str, float]) -> dict[str, float]:
+        unknown = sorted(set(v) - set(FAILURE_COMPONENTS))
+        if unknown:
+            raise ValueError(f"unknown component(s) {unknown}; use {', '.join(FAILURE_COMPONENTS)}")
+        return v
+
+
+class Stragglers(Sourced):
+    """Per-rank step-time variation and slow nodes."""
+
+    jitter_cv: NonNegativeFloat
+    """Coefficient of variation of one rank's step time around the mean (lognormal sigma)."""
+    slow_node_rate_per_node_day: NonNegativeFloat
+    """Nodes per node-day that turn persistently slow (thermal throttling, bad link) (1/node/day)."""
+    slow_node_slowdown: float = Field(ge=1)
+    """Step-time multiplier of a persistently slow node (x)."""
+
+
+class Economics(Sourced):
+    """What running the cluster costs."""
+
+    usd_per_gpu_hour: PositiveFloat
+    """Price of one accelerator for one hour (US dollars)."""
+    pue: float = Field(ge=1)
+    """Power usage effectiveness of the data centre (facility power / IT power)."""
+
+
+class Cluster(Section):
+    """A whole cluster: `nodes` identical servers on one fabric."""
+
+    schema_version: Literal[1] = CLUSTER_SCHEMA_VERSION
+    """Version of this file format."""
+    name: str
+    """Short name; matches the file name in topologies/."""
+    description: str
+    """What this cluster is and where it stands."""
+    nodes: PositiveInt
+    """Servers in the cluster (count)."""
+    accelerator: Accelerator
+    compute: ComputeEfficiency
+    node: NodeSpec
+    fabric: Fabric
+    storage: Storage
+    failures: Failures
+    stragglers: Stragglers
+    economics: Economics
+
+    @property
+    def gpus(self) -> int:
+        """Accelerators in the cluster (count)."""
+        return self.nodes * self.node.gpus
+
+    @model_validator(mode="after")
+    def _check(self) -> Cluster:
+        if self.fabric.kind == "single-node" and self.nodes != 1:
+            raise ValueError(f"fabric.kind: single-node, but nodes={self.nodes}; describe the scale-out fabric")
+        if self.fabric.tiers and self.fabric.tiers[-1].span_nodes < self.nodes:
+            raise ValueError(
+                f"fabric.tiers: the outermost tier spans {self.fabric.tiers[-1].span_nodes} nodes, "
+                f"fewer than nodes={self.nodes}; add a tier that spans the whole cluster"
+            )
+        if self.fabric.torus is not None:
+            chips = 1
+            for d in self.fabric.torus.dims:
+                chips *= d
+            if chips != self.gpus:
+                raise ValueError(f"fabric.torus.dims: {chips} chips, but nodes·node.gpus = {self.gpus}")
+        return self

@@ -1,0 +1,87 @@
+"""Parameter counts and model FLOPs per token: the one MFU definition the twin and the executor share.
+
+Model FLOPs follow PaLM (Chowdhery et al. 2022, appendix B): 6 FLOPs per active matmul parameter per token
+(2 forward, 4 backward) plus 12 · layers · heads · head_dim · seq_len for the attention scores and their weighting,
+counted without causal masking and without recompute — the convention of Megatron-LM's reported MFU, so figures
+compare across tools. Embedding lookups are not matmuls and count no FLOPs; the output head does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from plan.schema import ModelSpec
+
+
+@dataclass(frozen=True)
+class ParamCount:
+    """Parameters of a model (count)."""
+
+    total: int
+    """Every weight, experts included."""
+    active: int
+    """Weights one token passes through (top-k and shared experts only); embedding lookup included."""
+    embedding: int
+    """Input embedding, plus the output head when it is not tied."""
+    matmul_active: int
+    """Active weights that take part in a matmul: `active` less the input embedding and the norms."""
+
+
+def attention_params(m: ModelSpec) -> int:
+    """Q, K, V and output projections of one layer (no biases, as Llama)."""
+    q = m.heads * m.d_head
+    kv = m.n_kv_heads * m.d_head
+    return m.hidden * (q + 2 * kv) + q * m.hidden
+
+
+def mlp_params(m: ModelSpec, width: int) -> int:
+    """One MLP of inner width `width`: three matrices for a gated MLP, two otherwise."""
+    return (3 if m.glu else 2) * m.hidden * width
+
+
+def layer_params(m: ModelSpec, moe: bool) -> tuple[int, int]:
+    """(total, active) parameters of one layer, dense or MoE, with its two RMSNorm weights."""
+    norms = 2 * m.hidden
+    attn = attention_params(m)
+    if not moe:
+        dense = mlp_params(m, m.ffn_hidden)
+        return attn + dense + norms, attn + dense + norms
+    assert m.moe_ffn_hidden is not None
+    expert = mlp_params(m, m.moe_ffn_hidden)
+    router = m.hidden * m.experts
+    total = attn + norms + router + (m.experts + m.shared_experts) * expert
+    active = attn + norms + router + (m.top_k + m.shared_experts) * expert
+    return total, active
+
+
+def param_count(m: ModelSpec) -> ParamCount:
+    """Count the parameters of `m`."""
+    dense_total, dense_active = layer_params(m, moe=False)
+    n_dense = m.layers - m.moe_layers
+    total = n_dense * dense_total
+    active = n_dense * dense_active
+    if m.is_moe:
+        moe_total, moe_active = layer_params(m, moe=True)
+        total += m.moe_layers * moe_total
+        active += m.moe_layers * moe_active
+    head = 0 if m.tied_embeddings else m.vocab * m.hidden
+    embedding = m.vocab * m.hidden + head
+    final_norm = m.hidden
+    norms = 2 * m.hidden * m.layers + final_norm
+    return ParamCount(
+        total=total + embedding + final_norm,
+        active=active + embedding + final_norm,
+        embedding=embedding,
+        matmul_active=active - norms + final_norm + m.vocab * m.hidden,
+    )
+
+
+def model_flops_per_token(m: ModelSpec) -> float:
+    """Training FLOPs per token, forward and backward, by the PaLM convention above (FLOP/token)."""
+    attention_scores = 12 * m.layers * m.heads * m.d_head * m.seq_len
+    return 6.0 * param_count(m).matmul_active + attention_scores
+
+
+def mfu(tokens_per_s: float, m: ModelSpec, n_devices: int, peak_flops_per_device: float) -> float:
+    """Model FLOPs utilisation: achieved model FLOP/s over the devices' peak FLOP/s (0-1)."""
+    return tokens_per_s * model_flops_per_token(m) / (n_devices * peak_flops_per_device)

@@ -1,0 +1,241 @@
+"""The run-record schema: what the executor writes and the twin reads back.
+
+A run directory holds `manifest.json` (one `RunManifest`) and `records.jsonl` (one JSON object per line, each a
+`StepRecord`, `EventRecord` or `LayerStatsRecord`, told apart by `kind`). The phases of a step use the twin's
+breakdown names, so predicted and measured can be compared line by line. The reader rejects a malformed line
+with its line number instead of skipping it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Annotated, Any, Final, Literal
+
+import pandas as pd
+from pydantic import Field, NonNegativeFloat, NonNegativeInt, TypeAdapter, ValidationError
+
+from plan.schema import Plan, Section
+
+RECORD_SCHEMA_VERSION: Final = 1
+
+# The phases of one step, shared with the twin's StepBreakdown (seconds each, per rank).
+PHASES = (
+    "data_wait",  # waiting for the next batch
+    "forward",  # forward compute
+    "backward",  # backward compute (input and weight gradients)
+    "optimizer",  # optimizer step, gradient clipping
+    "comm_tp",  # exposed tensor/sequence-parallel collectives
+    "comm_cp",  # exposed context-parallel exchanges
+    "comm_ep",  # exposed expert-parallel all-to-all
+    "comm_pp",  # exposed pipeline sends and receives
+    "comm_dp",  # exposed data-parallel gradient reduction / parameter gathering
+    "bubble",  # pipeline fill and drain idle time
+    "checkpoint",  # training stall while a checkpoint is taken
+    "other",  # what the rest does not explain
+)
+
+
+class RecordError(ValueError):
+    """A run file that cannot be read, naming the file, the line and the problem."""
+
+
+class Phases(Section):
+    """Seconds of one step spent in each phase on one rank; absent phases are zero."""
+
+    data_wait: NonNegativeFloat = 0.0
+    forward: NonNegativeFloat = 0.0
+    backward: NonNegativeFloat = 0.0
+    optimizer: NonNegativeFloat = 0.0
+    comm_tp: NonNegativeFloat = 0.0
+    comm_cp: NonNegativeFloat = 0.0
+    comm_ep: NonNegativeFloat = 0.0
+    comm_pp: NonNegativeFloat = 0.0
+    comm_dp: NonNegativeFloat = 0.0
+    bubble: NonNegativeFloat = 0.0
+    checkpoint: NonNegativeFloat = 0.0
+    other: NonNegativeFloat = 0.0
+
+
+class RankCoords(Section):
+    """A rank's place in the rank grid."""
+
+    dp: NonNegativeInt
+    pp: NonNegativeInt
+    cp: NonNegativeInt
+    ep: NonNegativeInt
+    tp: NonNegativeInt
+
+
+class StepRecord(Section):
+    """One optimizer step as one rank saw it."""
+
+    schema_version: Literal[1] = RECORD_SCHEMA_VERSION
+    kind: Literal["step"] = "step"
+    step: NonNegativeInt
+    """Optimizer step index, from 0 (steps)."""
+    rank: NonNegativeInt
+    """Global rank."""
+    coords: RankCoords
+    """Grid coordinates of the rank."""
+    time_unix: float
+    """Wall-clock time at the end of the step (seconds since the epoch)."""
+    step_s: NonNegativeFloat
+    """Wall time of the whole step on this rank (seconds)."""
+    phases: Phases = Phases()
+    """Where the step's time went (seconds per phase)."""
+    tokens: NonNegativeInt
+    """Tokens this rank's replica consumed in the step (tokens)."""
+    loss: float | None = None
+    """Mean training loss of the step, on ranks that compute it (the last pipeline stage)."""
+    grad_norm: float | None = None
+    """Global gradient norm before clipping."""
+    lr: float | None = None
+    """Learning rate used in the step."""
+    peak_memory_MB: NonNegativeFloat = 0.0
+    """Peak device (or process resident) memory during the step (1e6 bytes)."""
+    tokens_per_s: float | None = None
+    """Job-wide throughput of the step (tokens/s); rank 0 only."""
+    mfu: float | None = None
+    """Model FLOPs utilisation of the step, as the twin defines it (0-1); rank 0 only."""
+    step_spread_s: float | None = None
+    """Slowest minus fastest rank's step time (seconds); rank 0 only."""
+    stragglers: tuple[int, ...] = ()
+    """Ranks slower than the cohort by the straggler threshold; rank 0 only."""
+
+
+class EventRecord(Section):
+    """Something that happened to the run: a checkpoint, an injected fault, its detection, a restart."""
+
+    schema_version: Literal[1] = RECORD_SCHEMA_VERSION
+    kind: Literal["event"] = "event"
+    event: str
+    """What happened, e.g. 'checkpoint', 'fault', 'detected', 'restart', 'resume', 'spike'."""
+    step: NonNegativeInt
+    """Step at which it happened."""
+    rank: int = -1
+    """The rank it concerns, or -1 for the whole job."""
+    time_unix: float
+    """When it happened (seconds since the epoch)."""
+    duration_s: NonNegativeFloat = 0.0
+    """How long it took, where that applies (seconds)."""
+    detail: dict[str, Any] = Field(default_factory=dict)
+    """Free-form facts about the event (fault kind, checkpoint path, ...)."""
+
+
+class LayerStatsRecord(Section):
+    """Per-layer gradient and activation norms, taken every k steps."""
+
+    schema_version: Literal[1] = RECORD_SCHEMA_VERSION
+    kind: Literal["layers"] = "layers"
+    step: NonNegativeInt
+    rank: NonNegativeInt
+    grad_norm: dict[str, NonNegativeFloat]
+    """Parameter name -> gradient norm of this rank's shard."""
+    activation_norm: dict[str, NonNegativeFloat] = Field(default_factory=dict)
+    """Module name -> RMS of its output activation."""
+
+
+Record = Annotated[StepRecord | EventRecord | LayerStatsRecord, Field(discriminator="kind")]
+_RECORD = TypeAdapter(Record)
+
+
+class DataVersion(Section):
+    """The training data a run read: enough to tell whether two runs saw the same tokens."""
+
+    path: str
+    """Where the token shards live."""
+    fingerprint: str
+    """Content hash of the shards' index (hex)."""
+    tokens: NonNegativeInt
+    """Tokens in the corpus (tokens)."""
+    vocab: NonNegativeInt
+    """Vocabulary size of the tokenizer that made it."""
+
+
+class RunManifest(Section):
+    """What a run was: the resolved plan, the code, the software and the hosts (experiment tracking)."""
+
+    schema_version: Literal[1] = RECORD_SCHEMA_VERSION
+    run_id: str
+    """Name of the run directory."""
+    created_unix: float
+    """Start of the run (seconds since the epoch)."""
+    plan: Plan
+    """The plan as resolved, overrides applied."""
+    plan_sha256: str
+    """Hash of the plan's canonical JSON."""
+    git_commit: str | None = None
+    """Commit of the code that ran, if it ran from a git checkout."""
+    git_dirty: bool = False
+    """The checkout had uncommitted changes."""
+    torch_version: str
+    python_version: str
+    device: Literal["cpu", "cuda"]
+    backend: Literal["gloo", "nccl"]
+    world_size: NonNegativeInt
+    hosts: tuple[str, ...]
+    """Host names of the ranks, by rank."""
+    data: DataVersion | None = None
+    command: tuple[str, ...] = ()
+    """The command line that started the run."""
+
+
+def parse_record(line: str, where: str = "record") -> StepRecord | EventRecord | LayerStatsRecord:
+    """Parse one JSONL line; a malformed one raises RecordError naming `where`."""
+    try:
+        return _RECORD.validate_json(line)
+    except ValidationError as exc:
+        first = exc.errors(include_url=False)[0]
+        loc = ".".join(str(p) for p in first["loc"])
+        raise RecordError(f"{where}: {loc or 'record'}: {first['msg']}") from None
+
+
+def iter_records(path: Path) -> Iterator[StepRecord | EventRecord | LayerStatsRecord]:
+    """Yield each record of a records.jsonl file; a malformed line raises RecordError with its line number.
+
+    A final line without its newline is a write that a crash cut short: it is skipped, since the writer flushes
+    whole lines only and everything before it is intact.
+    """
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise RecordError(f"{path}: cannot read ({exc})") from None
+    lines = text.split("\n")
+    torn = lines[-1] != ""
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        if torn and number == len(lines):
+            try:
+                json.loads(line)
+            except json.JSONDecodeError:
+                return
+        yield parse_record(line, f"{path}:{number}")
+
+
+def read_manifest(run_dir: Path) -> RunManifest:
+    """Read and validate `run_dir/manifest.json`."""
+    path = run_dir / "manifest.json"
+    try:
+        return RunManifest.model_validate_json(path.read_bytes())
+    except OSError as exc:
+        raise RecordError(f"{path}: cannot read ({exc}); is {run_dir} a run directory?") from None
+    except ValidationError as exc:
+        first = exc.errors(include_url=False)[0]
+        loc = ".".join(str(p) for p in first["loc"])
+        raise RecordError(f"{path}: {loc}: {first['msg']}") from None
+
+
+def steps_frame(path: Path) -> pd.DataFrame:
+    """The step records of a records.jsonl file as a table, one row per (step, rank), phases as columns."""
+    rows = []
+    for rec in iter_records(path):
+        if isinstance(rec, StepRecord):
+            row = rec.model_dump(exclude={"phases", "coords", "stragglers"})
+            row.update({f"coord_{k}": v for k, v in rec.coords.model_dump().items()})
+            row.update(rec.phases.model_dump())
+            rows.append(row)
+    columns = ["step", "rank", "step_s", "tokens", "loss", "grad_norm", *PHASES]
+    return pd.DataFrame(rows) if rows else pd.DataFrame(columns=columns)

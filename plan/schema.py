@@ -1,0 +1,358 @@
+"""The plan: model, layout, training and reliability — the one language the twin and the executor share.
+
+Every section is an immutable pydantic model whose unknown keys are errors. Each field's docstring is its
+one-line doc (with its unit) and becomes its description in `twin schema`. Checks that need one section live on
+that section; checks that tie sections together live on `Plan`. A plan never holds a hardware number: those
+come from the cluster file it names (`plan.cluster`, see `plan/cluster.py`).
+
+How expert parallelism folds into data parallelism (as Megatron-Core does): the world size is
+dp · tp · pp · cp; `ep` does not multiply it. The `dp` replicas of the dense weights are split into
+`dp / ep` expert-data-parallel groups of `ep` ranks each, and the experts of each MoE layer are spread over
+the `ep` ranks of a group. So `ep` must divide `dp`; the dense weights are reduced over `dp` ranks and the expert
+weights over `dp / ep` ranks.
+"""
+
+from __future__ import annotations
+
+from functools import cached_property
+from typing import Final, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveFloat, PositiveInt, model_validator
+
+SCHEMA_VERSION: Final = 1
+
+Schedule = Literal["gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zbv", "dualpipe-v"]
+Recompute = Literal["none", "selective", "full"]
+Dtype = Literal["bf16", "fp8"]
+CheckpointKind = Literal["sync", "async", "in-memory"]
+
+# Schedules whose stages each hold several model chunks, and how many chunks they need.
+# Interleaved 1F1B: any v >= 2 (Narayanan et al. 2021, §2.2.2). ZBV and DualPipe-V place exactly two chunks per
+# rank in a "V" (Qi et al. 2024, zero-bubble pipeline parallelism §4; DeepSeek-V3 report §3.2.1).
+VIRTUAL_STAGE_RULES: dict[str, str] = {
+    "gpipe": "1",
+    "1f1b": "1",
+    "zb-h1": "1",
+    "interleaved-1f1b": ">=2",
+    "zbv": "2",
+    "dualpipe-v": "2",
+}
+
+# The rank-grid axes that `layout.rank_order` permutes (innermost first). Expert parallelism subdivides `dp`.
+RANK_AXES = ("tp", "cp", "dp", "pp")
+
+
+class Section(BaseModel):
+    """Base of every plan section: immutable, unknown keys rejected, field docstrings become descriptions."""
+
+    model_config = ConfigDict(
+        frozen=True, extra="forbid", use_attribute_docstrings=True, allow_inf_nan=False, strict=False
+    )
+
+
+class ModelSpec(Section):
+    """A decoder-only transformer, dense or mixture-of-experts."""
+
+    name: str = "custom"
+    """Display name of the architecture."""
+    layers: PositiveInt
+    """Transformer blocks (count)."""
+    hidden: PositiveInt
+    """Model width d_model (elements)."""
+    heads: PositiveInt
+    """Query attention heads (count)."""
+    kv_heads: PositiveInt | None = None
+    """Key/value heads for grouped-query attention (count); defaults to `heads` (multi-head attention)."""
+    head_dim: PositiveInt | None = None
+    """Width of one attention head (elements); defaults to hidden / heads."""
+    ffn_hidden: PositiveInt
+    """Inner width of a dense MLP (elements)."""
+    vocab: PositiveInt
+    """Vocabulary size (tokens)."""
+    seq_len: PositiveInt
+    """Training sequence length (tokens)."""
+    glu: bool = True
+    """True: gated MLP with three matrices (SwiGLU); false: two-matrix GELU MLP."""
+    experts: NonNegativeInt = 0
+    """Routed experts per MoE layer (count); 0 means a dense model."""
+    top_k: NonNegativeInt = 0
+    """Routed experts each token visits (count); 0 for a dense model."""
+    moe_ffn_hidden: PositiveInt | None = None
+    """Inner width of one expert's MLP (elements); required when experts > 0."""
+    shared_experts: NonNegativeInt = 0
+    """Always-active shared experts per MoE layer, each of width moe_ffn_hidden (count)."""
+    dense_layers: NonNegativeInt = 0
+    """Leading layers that keep a dense MLP in an MoE model, as DeepSeek-V3's first three (count)."""
+    tied_embeddings: bool = False
+    """True: the output head reuses the input embedding matrix."""
+
+    @model_validator(mode="after")
+    def _check(self) -> ModelSpec:
+        kv = self.kv_heads or self.heads
+        if self.heads % kv:
+            raise ValueError(f"kv_heads: {kv} does not divide heads={self.heads}; use a divisor of {self.heads}")
+        if self.head_dim is None and self.hidden % self.heads:
+            raise ValueError(f"heads: {self.heads} does not divide hidden={self.hidden}; set head_dim or change heads")
+        if self.experts:
+            if not 1 <= self.top_k <= self.experts:
+                raise ValueError(f"top_k: {self.top_k} must be between 1 and experts={self.experts}")
+            if self.moe_ffn_hidden is None:
+                raise ValueError("moe_ffn_hidden: required when experts > 0 (the width of one expert's MLP)")
+            if self.dense_layers >= self.layers:
+                raise ValueError(f"dense_layers: {self.dense_layers} leaves no MoE layer of layers={self.layers}")
+        elif self.top_k or self.shared_experts:
+            raise ValueError("experts: 0 (dense) but top_k or shared_experts is set; set experts or drop them")
+        return self
+
+    @property
+    def n_kv_heads(self) -> int:
+        """Key/value heads after defaulting (count)."""
+        return self.kv_heads or self.heads
+
+    @property
+    def d_head(self) -> int:
+        """Width of one attention head after defaulting (elements)."""
+        return self.head_dim or self.hidden // self.heads
+
+    @property
+    def is_moe(self) -> bool:
+        return self.experts > 0
+
+    @property
+    def moe_layers(self) -> int:
+        """Layers whose MLP is a mixture of experts (count)."""
+        return self.layers - self.dense_layers if self.is_moe else 0
+
+
+class Layout(Section):
+    """How the model is laid out over ranks, and the pipeline schedule it runs."""
+
+    dp: PositiveInt = 1
+    """Data-parallel degree (replicas)."""
+    tp: PositiveInt = 1
+    """Tensor-parallel degree (ranks per layer shard group)."""
+    pp: PositiveInt = 1
+    """Pipeline-parallel degree (stages)."""
+    cp: PositiveInt = 1
+    """Context-parallel degree (ranks splitting one sequence)."""
+    ep: PositiveInt = 1
+    """Expert-parallel degree (ranks sharing one MoE layer's experts); folds into dp, must divide it."""
+    zero: Literal[0, 1, 2, 3] = 0
+    """ZeRO stage over the dp axis: 0 none, 1 optimizer state, 2 + gradients, 3 + parameters (FSDP)."""
+    microbatch_size: PositiveInt = 1
+    """Sequences per microbatch on one dp rank (sequences)."""
+    schedule: Schedule = "1f1b"
+    """Pipeline schedule."""
+    virtual_stages: PositiveInt = 1
+    """Model chunks per pipeline rank (count): 1 for gpipe/1f1b/zb-h1, >=2 for interleaved, 2 for zbv/dualpipe-v."""
+    stage_layers: tuple[PositiveInt, ...] | None = None
+    """Layers of each of the pp·virtual_stages stages, in model order; default splits as `stage_layer_counts`."""
+    recompute: Recompute = "none"
+    """Activation recompute: none, selective (attention core, Korthikanti et al. 2022) or full (whole layer)."""
+    sequence_parallel: bool = False
+    """Shard layer-norm and dropout activations along the sequence over the tp group (Megatron SP)."""
+    rank_order: str = "tp-cp-dp-pp"
+    """Axes of the rank grid from innermost (fastest-varying rank) to outermost; ep subdivides dp."""
+
+    @model_validator(mode="after")
+    def _check(self) -> Layout:
+        if self.dp % self.ep:
+            raise ValueError(f"ep: {self.ep} does not divide dp={self.dp}; expert parallelism folds into dp")
+        rule = VIRTUAL_STAGE_RULES[self.schedule]
+        v = self.virtual_stages
+        if (rule == "1" and v != 1) or (rule == "2" and v != 2) or (rule == ">=2" and v < 2):
+            raise ValueError(
+                f"virtual_stages: {v} is not valid for schedule {self.schedule!r}, which needs virtual_stages {rule}"
+            )
+        if self.pp == 1 and self.schedule not in ("gpipe", "1f1b"):
+            raise ValueError(f"schedule: {self.schedule!r} needs pp > 1; use 1f1b (or gpipe) with pp=1")
+        axes = tuple(self.rank_order.split("-"))
+        if sorted(axes) != sorted(RANK_AXES):
+            raise ValueError(
+                f"rank_order: {self.rank_order!r} must order each of {', '.join(RANK_AXES)} once, e.g. 'tp-cp-dp-pp'"
+            )
+        if self.stage_layers is not None and len(self.stage_layers) != self.num_stages:
+            raise ValueError(
+                f"stage_layers: {len(self.stage_layers)} entries, but pp·virtual_stages = {self.num_stages} stages"
+            )
+        return self
+
+    @property
+    def world_size(self) -> int:
+        """Ranks in the job: dp · tp · pp · cp (ep folds into dp)."""
+        return self.dp * self.tp * self.pp * self.cp
+
+    @property
+    def num_stages(self) -> int:
+        """Pipeline stages counting virtual chunks: pp · virtual_stages."""
+        return self.pp * self.virtual_stages
+
+    @property
+    def axes(self) -> tuple[str, ...]:
+        """The rank grid's axes, innermost first."""
+        return tuple(self.rank_order.split("-"))
+
+
+class Training(Section):
+    """The optimisation: batch, length of the run, numerics and optimizer."""
+
+    global_batch: PositiveInt
+    """Sequences per optimizer step, over all replicas (sequences)."""
+    tokens: PositiveFloat
+    """Tokens to train in the whole run (tokens)."""
+    dtype: Dtype = "bf16"
+    """Compute dtype of matmuls and collectives: bf16, or fp8 with bf16 master weights."""
+    optimizer: Literal["adamw", "adam", "sgd"] = "adamw"
+    """Optimizer; adam/adamw keep fp32 master weights and two fp32 moments (16 bytes/param with bf16 grads)."""
+    lr: PositiveFloat = 3e-4
+    """Peak learning rate."""
+    warmup_steps: NonNegativeInt = 0
+    """Linear warm-up steps before the cosine decay (steps)."""
+    weight_decay: float = Field(default=0.1, ge=0)
+    """Decoupled weight decay (AdamW)."""
+    grad_clip: float = Field(default=1.0, ge=0)
+    """Global gradient-norm clip; 0 disables it."""
+    seed: NonNegativeInt = 1234
+    """Seed of weight init and data order; the same seed gives the same weights under any layout."""
+
+
+class Reliability(Section):
+    """The recovery policy: checkpoints, spares, restart; optional overrides of the cluster's failure rates."""
+
+    checkpoint: CheckpointKind = "async"
+    """Checkpoint kind: sync (stall for the write), async (stall for the device-to-host copy), in-memory."""
+    checkpoint_interval_min: PositiveFloat | Literal["auto"] = "auto"
+    """Minutes between checkpoints, or auto (Young/Daly from the failure rate and the write cost)."""
+    hot_spares: NonNegativeInt = 0
+    """Spare nodes kept warm to swap in for failed ones (nodes)."""
+    restart_min: PositiveFloat = 10.0
+    """Time to restart the gang after a failure is detected: reschedule, re-init, load (minutes)."""
+    keep_checkpoints: PositiveInt = 3
+    """Checkpoints kept on storage; older ones are deleted after a newer one commits (count)."""
+    failure_rates: dict[str, float] | None = None
+    """Overrides of the cluster's failure rates: component -> failures per node-day."""
+
+    @model_validator(mode="after")
+    def _check(self) -> Reliability:
+        for component, rate in (self.failure_rates or {}).items():
+            if rate < 0:
+                raise ValueError(f"failure_rates.{component}: {rate} is negative; give failures per node-day >= 0")
+        return self
+
+
+class Plan(Section):
+    """A whole plan: what model, on which cluster, laid out how, trained how long, recovered how."""
+
+    schema_version: Literal[1] = SCHEMA_VERSION
+    """Version of this file format."""
+    name: str = "plan"
+    """Short name of the plan."""
+    description: str = ""
+    """Why this plan exists and where its numbers come from."""
+    model: ModelSpec
+    """The architecture (a model preset name may stand for the whole section)."""
+    cluster: str
+    """A file name in topologies/ (without .yaml) or a path to a cluster file."""
+    layout: Layout = Layout()
+    """Parallel layout and pipeline schedule."""
+    training: Training
+    """Batch, tokens, dtype and optimizer."""
+    reliability: Reliability = Reliability()
+    """Checkpoint and recovery policy."""
+
+    @model_validator(mode="after")
+    def _check(self) -> Plan:
+        m, lay, tr = self.model, self.layout, self.training
+        if m.heads % lay.tp:
+            raise ValueError(f"layout.tp: {lay.tp} does not divide model.heads={m.heads}; choose a divisor")
+        if m.n_kv_heads % lay.tp and lay.tp % m.n_kv_heads:
+            raise ValueError(
+                f"layout.tp: {lay.tp} and model.kv_heads={m.n_kv_heads} must divide one another "
+                "(kv heads are split, or replicated, over the tp group)"
+            )
+        for name, width in (("ffn_hidden", m.ffn_hidden), ("moe_ffn_hidden", m.moe_ffn_hidden or lay.tp)):
+            if width % lay.tp:
+                raise ValueError(f"layout.tp: {lay.tp} does not divide model.{name}={width}; choose a divisor")
+        if m.vocab % lay.tp:
+            raise ValueError(f"layout.tp: {lay.tp} does not divide model.vocab={m.vocab}; pad the vocab or change tp")
+        if lay.ep > 1 and not m.is_moe:
+            raise ValueError(f"layout.ep: {lay.ep} > 1 but the model is dense (experts=0); set ep: 1")
+        if m.is_moe and m.experts % lay.ep:
+            raise ValueError(f"layout.ep: {lay.ep} does not divide model.experts={m.experts}; choose a divisor")
+        if m.seq_len % (2 * lay.cp) and lay.cp > 1:
+            raise ValueError(
+                f"layout.cp: model.seq_len={m.seq_len} must split into 2·cp={2 * lay.cp} equal chunks "
+                "(load-balanced context parallelism); change cp or seq_len"
+            )
+        if lay.stage_layers is not None and sum(lay.stage_layers) != m.layers:
+            raise ValueError(f"layout.stage_layers: sums to {sum(lay.stage_layers)}, but model.layers={m.layers}")
+        if lay.stage_layers is None and m.layers < lay.num_stages:
+            raise ValueError(
+                f"layout.pp: model.layers={m.layers} cannot fill pp·virtual_stages={lay.num_stages} stages; "
+                "lower pp or virtual_stages"
+            )
+        per_step = lay.dp * lay.microbatch_size
+        if tr.global_batch % per_step:
+            raise ValueError(
+                f"training.global_batch: {tr.global_batch} is not a multiple of dp·microbatch_size={per_step}; "
+                f"use e.g. {max(1, round(tr.global_batch / per_step)) * per_step}"
+            )
+        if lay.schedule == "interleaved-1f1b" and self.num_microbatches % lay.pp:
+            raise ValueError(
+                f"training.global_batch: interleaved-1f1b needs microbatches per replica ({self.num_microbatches}) "
+                f"to be a multiple of pp={lay.pp} (Narayanan et al. 2021); change global_batch or microbatch_size"
+            )
+        if lay.schedule in ("zbv", "dualpipe-v") and self.num_microbatches < 2 * lay.pp:
+            raise ValueError(
+                f"training.global_batch: {lay.schedule} needs at least 2·pp={2 * lay.pp} microbatches per replica, "
+                f"has {self.num_microbatches}; raise global_batch or lower microbatch_size"
+            )
+        return self
+
+    @property
+    def num_microbatches(self) -> int:
+        """Microbatches each replica runs per step: global_batch / (dp · microbatch_size)."""
+        return self.training.global_batch // (self.layout.dp * self.layout.microbatch_size)
+
+    @property
+    def tokens_per_step(self) -> int:
+        """Tokens per optimizer step (tokens)."""
+        return self.training.global_batch * self.model.seq_len
+
+    @property
+    def total_steps(self) -> int:
+        """Optimizer steps to train `training.tokens` (steps, rounded up)."""
+        return -(-int(self.training.tokens) // self.tokens_per_step)
+
+    @cached_property
+    def stage_layer_counts(self) -> tuple[int, ...]:
+        """Layers per stage (pp·virtual_stages of them, in model order).
+
+        Explicit `layout.stage_layers` wins. Otherwise every stage gets ceil(L/S) layers and the deficit
+        S·ceil(L/S) − L is taken one layer at a time from the outermost stages inwards, alternating first and
+        last — they also carry the embedding and the output head. For Llama 3 405B's 126 layers on 16 stages this
+        gives 7 layers on the first and last stage and 8 elsewhere, as the Llama 3 paper describes (§3.3.2).
+        """
+        if self.layout.stage_layers is not None:
+            return tuple(self.layout.stage_layers)
+        return split_layers(self.model.layers, self.layout.num_stages)
+
+
+def split_layers(layers: int, stages: int) -> tuple[int, ...]:
+    """Split `layers` over `stages`, trimming the outermost stages first (see Plan.stage_layer_counts)."""
+    if stages < 1 or layers < stages:
+        raise ValueError(f"cannot split {layers} layers over {stages} stages")
+    base = -(-layers // stages)
+    counts = [base] * stages
+    deficit = base * stages - layers
+    order = [i for pair in zip(range(stages), range(stages - 1, -1, -1), strict=True) for i in pair]
+    seen: set[int] = set()
+    for i in order:
+        if deficit == 0:
+            break
+        if i in seen:
+            continue
+        seen.add(i)
+        counts[i] -= 1
+        deficit -= 1
+    return tuple(counts)
