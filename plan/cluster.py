@@ -124,10 +124,18 @@ class NodeSpec(Sourced):
     """The intra-node fabric (NVLink/NVSwitch, ICI, or shared memory)."""
     nvls: bool = False
     """The intra-node switch reduces in the network (NVLink SHARP)."""
+    nvls_efficiency: float | None = Field(default=None, gt=0, le=1)
+    """Fraction of the intra-node link bandwidth an NVLS all-reduce reaches (each GPU moves S·(1+1/n) per way)."""
     d2h_bandwidth_GBps: PositiveFloat
     """Device-to-host copy bandwidth per GPU, for async checkpoint staging (1e9 bytes/s)."""
     power_kW: PositiveFloat
     """Whole-node power at training load (kW)."""
+
+    @model_validator(mode="after")
+    def _nvls(self) -> NodeSpec:
+        if self.nvls and self.nvls_efficiency is None:
+            raise ValueError("nvls_efficiency: required when nvls is true (measured NVLS all-reduce efficiency)")
+        return self
 
 
 class Torus(Sourced):

@@ -7,6 +7,7 @@ this module is allowed to surface a traceback for bad input.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable, Mapping
 from functools import lru_cache
 from pathlib import Path
@@ -23,7 +24,19 @@ TOPOLOGY_DIR = Path(__file__).resolve().parent.parent / "topologies"
 
 
 class PlanError(ValueError):
-    """A plan or cluster that cannot be used, with a message naming the file, the field and the fix."""
+    """A plan or cluster that cannot be used, with a message naming the file, the field and the fix.
+
+    The message is always one line: a newline that came in with user data is shown escaped.
+    """
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message.replace("\r", "\\r").replace("\n", "\\n"))
+
+
+def _loc_part(part: object) -> str:
+    """A field-path element as written in messages: plain names bare, anything odd JSON-quoted."""
+    text = str(part)
+    return text if re.fullmatch(r"[\w\-]+", text) else json.dumps(text)
 
 
 def _preset_names(kind: str) -> list[str]:
@@ -73,7 +86,7 @@ def format_validation_error(exc: ValidationError, model: type[BaseModel], origin
     """One line for all of a pydantic error's entries, each as `field.path: problem (fix)`."""
     parts = []
     for err in exc.errors(include_url=False):
-        loc = ".".join(str(p) for p in err["loc"])
+        loc = ".".join(_loc_part(p) for p in err["loc"])
         msg = str(err["msg"]).removeprefix("Value error, ")
         kind = err["type"]
         if kind == "extra_forbidden":

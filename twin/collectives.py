@@ -1,0 +1,178 @@
+"""Collective costs: pure functions of (operation, bytes, group span) -> seconds.
+
+Conventions are nccl-tests' (doc/PERFORMANCE.md): `size` is the per-rank buffer the test names (the full vector for
+all-reduce, the gathered output for all-gather, the input for reduce-scatter, the send buffer for all-to-all), and
+bus bandwidth is algbw times the operation's factor — 2(n-1)/n for all-reduce, (n-1)/n for all-gather,
+reduce-scatter and all-to-all, 1 for broadcast and point-to-point. So a measured busbw plugs into a tier's
+bandwidth x efficiency directly, and time = latency term + factor · size / busbw.
+
+Algorithms, after NCCL's (Jeaugey, NCCL 2.4 double binary trees, 2019; NCCL 2.17 NVLS; NVIDIA SHARP docs):
+ring (2(n-1) latency steps for all-reduce), double binary tree (2·log2 n steps, all-reduce and broadcast),
+hierarchical (reduce-scatter inside the node, all-reduce of 1/m of the data across nodes, all-gather inside),
+NVLS (the NVSwitch reduces: every GPU sends and receives the vector once) and SHARP (the IB switches reduce the
+cross-node part). Like NCCL's tuner, `collective_time` evaluates the applicable ones and takes the fastest
+unless one is forced.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
+
+from twin.fabric import GroupSpan
+
+Op = Literal["all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "p2p"]
+Algorithm = Literal["ring", "tree", "hierarchical", "nvls", "sharp", "direct"]
+
+
+def busbw_factor(op: Op, n: int) -> float:
+    """nccl-tests' factor from algorithm bandwidth to bus bandwidth for `n` ranks."""
+    if n <= 1:
+        return 0.0
+    return {"all_reduce": 2 * (n - 1) / n, "broadcast": 1.0, "p2p": 1.0}.get(op, (n - 1) / n)
+
+
+@dataclass(frozen=True)
+class InNetwork:
+    """In-network reduction a fabric offers, in bus-bandwidth terms (None: not offered)."""
+
+    nvls_busbw_Bps: float | None = None
+    """All-reduce bus bandwidth per GPU with NVLink SHARP inside a node (bytes/s)."""
+    sharp: bool = False
+    """InfiniBand SHARP reduces the cross-node part of an all-reduce in the switches."""
+
+
+@dataclass(frozen=True)
+class CollectiveCost:
+    """The time of one collective, the algorithm that gives it, and the bus bandwidth it achieves."""
+
+    seconds: float
+    algorithm: str
+    busbw_Bps: float
+
+
+def ring_time(op: Op, size: float, span: GroupSpan) -> float:
+    """Ring: factor · size / busbw plus one latency per step (2(n-1) for all-reduce, n-1 otherwise)."""
+    n = span.size
+    if n <= 1:
+        return 0.0
+    steps = 2 * (n - 1) if op == "all_reduce" else (1 if op == "p2p" else n - 1)
+    return steps * span.latency_s + busbw_factor(op, n) * size / span.busbw_Bps
+
+
+def tree_time(op: Op, size: float, span: GroupSpan) -> float:
+    """Double binary tree (all-reduce, broadcast): log-depth latency, the same bus bandwidth as the ring at size."""
+    n = span.size
+    if n <= 1:
+        return 0.0
+    depth = math.ceil(math.log2(n))
+    steps = 2 * depth if op == "all_reduce" else depth
+    return steps * span.latency_s + busbw_factor(op, n) * size / span.busbw_Bps
+
+
+def _sub_span(span: GroupSpan, inside: bool) -> GroupSpan:
+    """The intra-node part (the m members of one node) or the inter-node part (one member per node)."""
+    if inside:
+        return GroupSpan(
+            span.per_node,
+            span.per_node,
+            1,
+            0,
+            "intra",
+            span.intra_busbw_Bps,
+            float("inf"),
+            span.intra_busbw_Bps,
+            span.latency_s if span.level == 0 else 0.0,
+            1,
+        )
+    per_nic = span.inter_busbw_Bps / span.per_node
+    return GroupSpan(
+        span.nodes,
+        1,
+        span.nodes,
+        span.level,
+        span.tier,
+        span.intra_busbw_Bps,
+        per_nic,
+        per_nic,
+        span.latency_s,
+        span.hops,
+    )
+
+
+def hierarchical_time(op: Op, size: float, span: GroupSpan) -> float:
+    """Reduce-scatter inside the node, all-reduce 1/m of the vector across nodes, all-gather inside the node."""
+    inside, across = _sub_span(span, True), _sub_span(span, False)
+    inner = ring_time("reduce_scatter", size, inside) + ring_time("all_gather", size, inside)
+    outer = size / span.per_node
+    return inner + min(ring_time("all_reduce", outer, across), tree_time("all_reduce", outer, across))
+
+
+def nvls_time(op: Op, size: float, span: GroupSpan, busbw_Bps: float) -> float:
+    """NVLink SHARP inside one node: one multimem reduction round trip at the measured NVLS bus bandwidth."""
+    return 2 * span.latency_s + busbw_factor(op, span.size) * size / busbw_Bps
+
+
+def sharp_time(op: Op, size: float, span: GroupSpan) -> float:
+    """IB SHARP: intra-node reduce-scatter, the switches reduce 1/m of the vector (each NIC sends and receives it
+    once, so the cross-node volume is half a ring's), intra-node all-gather."""
+    inside, across = _sub_span(span, True), _sub_span(span, False)
+    inner = ring_time("reduce_scatter", size, inside) + ring_time("all_gather", size, inside)
+    cross = 2 * span.level * span.latency_s + (size / span.per_node) / across.busbw_Bps
+    return inner + cross
+
+
+def all_to_all_time(size: float, span: GroupSpan) -> float:
+    """Pairwise exchange: (n-m)/n of the buffer leaves the node over the NICs, (m-1)/n stays on NVLink; both run
+    at once, and each of the n-1 peers costs a message latency."""
+    n, m = span.size, span.per_node
+    if n <= 1:
+        return 0.0
+    inside = (m - 1) / n * size / span.intra_busbw_Bps if m > 1 else 0.0
+    outside = (n - m) / n * size / (span.inter_busbw_Bps / m) if n > m else 0.0
+    return (n - 1) * span.latency_s + max(inside, outside)
+
+
+def p2p_time(size: float, span: GroupSpan) -> float:
+    """One point-to-point message: latency plus size over the slowest tier's per-GPU bandwidth."""
+    if span.size <= 1:
+        return 0.0
+    bw = span.intra_busbw_Bps if span.level == 0 else span.inter_busbw_Bps / span.per_node
+    return span.latency_s + size / bw
+
+
+def candidates(op: Op, span: GroupSpan, net: InNetwork) -> dict[str, Callable[[float], float]]:
+    """The algorithms NCCL could run for this operation on this span, as size -> seconds."""
+    if op == "p2p":
+        return {"direct": lambda s: p2p_time(s, span)}
+    if op == "all_to_all":
+        return {"direct": lambda s: all_to_all_time(s, span)}
+    algos: dict[str, Callable[[float], float]] = {"ring": lambda s: ring_time(op, s, span)}
+    if op in ("all_reduce", "broadcast"):
+        algos["tree"] = lambda s: tree_time(op, s, span)
+    if op == "all_reduce" and span.level > 0 and span.per_node > 1:
+        algos["hierarchical"] = lambda s: hierarchical_time(op, s, span)
+        if net.sharp:
+            algos["sharp"] = lambda s: sharp_time(op, s, span)
+    if op in ("all_reduce", "all_gather", "reduce_scatter") and span.level == 0 and net.nvls_busbw_Bps:
+        bw = net.nvls_busbw_Bps
+        algos["nvls"] = lambda s: nvls_time(op, s, span, bw)
+    return algos
+
+
+def collective_time(
+    op: Op, size: float, span: GroupSpan, net: InNetwork = InNetwork(), algorithm: str | None = None
+) -> CollectiveCost:
+    """Time of one collective of `size` bytes over `span`: the fastest applicable algorithm, or the forced one."""
+    if span.size <= 1 or size <= 0:
+        return CollectiveCost(0.0, "none", float("inf"))
+    algos = candidates(op, span, net)
+    if algorithm is not None:
+        if algorithm not in algos:
+            raise ValueError(f"algorithm {algorithm!r} cannot run {op} here; choose from {', '.join(algos)}")
+        algos = {algorithm: algos[algorithm]}
+    name, seconds = min(((a, f(size)) for a, f in algos.items()), key=lambda kv: kv[1])
+    factor = busbw_factor(op, span.size)
+    return CollectiveCost(seconds, name, factor * size / seconds if seconds > 0 else float("inf"))

@@ -1,0 +1,239 @@
+"""The fabric: where the plan's ranks sit, and what any group of them has to cross to talk.
+
+Ranks fill accelerators in rank order (the rank grid keeps a TP group on consecutive ranks, so inside a node).
+A group's span is answered arithmetically from that placement — the tier whose domain holds every member, the
+members per node, the bottleneck bus bandwidth per rank and the switch hops — which is what keeps a 100k-GPU
+`predict` under a second. The networkx graph of the same fabric (GPUs, NVSwitches, rail leaves, spine and core
+switch groups, or the torus) is built on demand: tests check the arithmetic's hop counts against its shortest
+paths, and the dashboard draws it.
+
+Bandwidth model (nccl-tests bus-bandwidth convention, NCCL's ring and tree topologies): inside a node a rank gets
+the intra-node link's bus bandwidth. A group with `m` members per node runs `m` rings (channels) whose
+node-crossing hops each use a different rail NIC, so across nodes each rank gets `m` NICs' worth of bandwidth shared
+by `m` ranks, yet only one ring hop in `m` crosses a node; so the group runs at `m · B_nic` of bus bandwidth per
+rank, capped by the intra-node link
+(Jeaugey, "Massively Scale Your Deep Learning Training with NCCL 2.4", NVIDIA blog 2019, and NCCL's PXN: data
+bound for another rail first hops over NVLink). A tier with oversubscription k above the leaf divides what crosses
+it by k.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+
+import networkx as nx
+import numpy as np
+
+from plan.cluster import Cluster
+
+GB = 1e9
+US = 1e-6
+
+
+@dataclass(frozen=True)
+class Tier:
+    """One level of the fabric in SI units: level 0 is inside a node."""
+
+    name: str
+    level: int
+    span_nodes: int
+    busbw_Bps: float
+    """Bus bandwidth one GPU reaches through this tier (link bandwidth x efficiency), bytes/s."""
+    link_Bps: float
+    """Raw link bandwidth per GPU through this tier, one direction, bytes/s."""
+    latency_s: float
+    oversubscription: float
+
+
+@dataclass(frozen=True)
+class GroupSpan:
+    """What a group of ranks spans on the fabric."""
+
+    size: int
+    """Ranks in the group."""
+    per_node: int
+    """Members inside one node (the group is regular: every node holds the same number)."""
+    nodes: int
+    """Distinct nodes the group touches."""
+    level: int
+    """Outermost tier crossed: 0 inside a node, 1 a leaf, 2 a spine, ..."""
+    tier: str
+    intra_busbw_Bps: float
+    """Bus bandwidth per rank inside the node (NVLink), bytes/s."""
+    inter_busbw_Bps: float
+    """Bus bandwidth per rank across nodes (m NICs' worth shared over m ranks, over-subscription applied)."""
+    busbw_Bps: float
+    """Bottleneck bus bandwidth per rank for a flat ring over the whole group, bytes/s."""
+    latency_s: float
+    """One-way small-message latency across the outermost tier crossed, seconds."""
+    hops: int
+    """Switch hops between the two farthest members (0 for a single rank)."""
+
+    @property
+    def single(self) -> bool:
+        return self.size == 1
+
+
+class Fabric:
+    """A cluster's fabric with the plan's ranks placed on it."""
+
+    def __init__(self, cluster: Cluster) -> None:
+        self.cluster = cluster
+        self.gpus_per_node = cluster.node.gpus
+        intra = cluster.node.intra
+        self.tiers: tuple[Tier, ...] = (
+            Tier(
+                intra.name,
+                0,
+                1,
+                intra.bandwidth_GBps * intra.efficiency * GB,
+                intra.bandwidth_GBps * GB,
+                intra.latency_us * US,
+                1.0,
+            ),
+        ) + tuple(
+            Tier(
+                t.name,
+                i + 1,
+                t.span_nodes,
+                t.bandwidth_GBps * t.efficiency * GB,
+                t.bandwidth_GBps * GB,
+                t.latency_us * US,
+                t.oversubscription,
+            )
+            for i, t in enumerate(cluster.fabric.tiers)
+        )
+        self._spans: dict[tuple[int, ...], GroupSpan] = {}
+
+    # --- placement -------------------------------------------------------------------------------------------
+
+    def node_of(self, ranks: np.ndarray) -> np.ndarray:
+        """Node index of each rank: ranks fill accelerators in rank order."""
+        return np.asarray(ranks) // self.gpus_per_node
+
+    def local_of(self, ranks: np.ndarray) -> np.ndarray:
+        """Accelerator index inside its node (which rail its NIC is on)."""
+        return np.asarray(ranks) % self.gpus_per_node
+
+    # --- group queries ---------------------------------------------------------------------------------------
+
+    def span(self, ranks: np.ndarray | list[int] | tuple[int, ...]) -> GroupSpan:
+        """The span of a group of ranks (cached per group)."""
+        arr = np.sort(np.asarray(ranks, dtype=np.int64))
+        key = tuple(arr.tolist())
+        cached = self._spans.get(key)
+        if cached is None:
+            cached = self._spans[key] = self._torus_span(arr) if self.cluster.fabric.torus else self._tree_span(arr)
+        return cached
+
+    def _level(self, nodes: np.ndarray) -> int:
+        if len(np.unique(nodes)) == 1:
+            return 0
+        for tier in self.tiers[1:]:
+            if len(np.unique(nodes // tier.span_nodes)) == 1:
+                return tier.level
+        raise ValueError(f"ranks span nodes beyond the outermost tier of {self.cluster.name}")
+
+    def _tree_span(self, arr: np.ndarray) -> GroupSpan:
+        nodes = self.node_of(arr)
+        n_nodes = len(np.unique(nodes))
+        per_node = len(arr) // n_nodes
+        level = self._level(nodes)
+        intra = self.tiers[0]
+        if level == 0:
+            bw = intra.busbw_Bps if len(arr) > 1 else float("inf")
+            hops = 1 if len(arr) > 1 else 0
+            return GroupSpan(len(arr), per_node, 1, 0, intra.name, bw, float("inf"), bw, intra.latency_s, hops)
+        crossed = self.tiers[1 : level + 1]
+        # m rings, each crossing nodes on its own rail NIC; above the leaf, over-subscription divides it
+        inter = min(per_node * t.busbw_Bps / (t.oversubscription if t.level > 1 else 1.0) for t in crossed)
+        ring = min(inter, intra.busbw_Bps) if per_node > 1 else inter
+        return GroupSpan(
+            size=len(arr),
+            per_node=per_node,
+            nodes=n_nodes,
+            level=level,
+            tier=crossed[-1].name,
+            intra_busbw_Bps=intra.busbw_Bps,
+            inter_busbw_Bps=inter,
+            busbw_Bps=ring,
+            # leaf = 1 switch hop, leaf-spine-leaf = 3, ...; a member on another rail adds an NVSwitch hop (PXN)
+            latency_s=crossed[-1].latency_s,
+            hops=2 * level - 1 + (1 if per_node > 1 else 0),
+        )
+
+    def _torus_span(self, arr: np.ndarray) -> GroupSpan:
+        """On a torus a group is a sub-block of chips: rings along each spanned dimension run at once."""
+        torus = self.cluster.fabric.torus
+        assert torus is not None
+        dims = np.array(torus.dims)
+        coords = np.stack(np.unravel_index(arr, tuple(dims[::-1])), axis=1)[:, ::-1]  # x fastest
+        extent = coords.max(axis=0) - coords.min(axis=0) + 1
+        spanned = int((extent > 1).sum())
+        link = torus.link_bandwidth_GBps * GB * self.cluster.node.intra.efficiency
+        # a ring along a wrapped dimension uses both directions' links; several dimensions add up
+        per_dim = 2 * link if torus.wraparound else link
+        bw = per_dim * max(1, spanned) if len(arr) > 1 else float("inf")
+        half = np.where(torus.wraparound, np.minimum(extent - 1, dims // 2), extent - 1)
+        hops = int(half.sum())
+        nodes = len(np.unique(self.node_of(arr)))
+        return GroupSpan(
+            len(arr),
+            len(arr) // nodes,
+            nodes,
+            min(spanned, 1),
+            "ici",
+            bw,
+            bw,
+            bw,
+            torus.latency_us * US * max(1, hops),
+            hops,
+        )
+
+    # --- the graph ---------------------------------------------------------------------------------------------
+
+    @cached_property
+    def graph(self) -> nx.Graph:
+        """The fabric as a graph: vertices are GPUs and switch groups, edges are links."""
+        return self._torus_graph() if self.cluster.fabric.torus else self._tree_graph()
+
+    def _tree_graph(self) -> nx.Graph:
+        g = nx.Graph()
+        gpn, n_nodes = self.gpus_per_node, self.cluster.nodes
+        rails = self.cluster.fabric.rails if self.cluster.fabric.rail_optimized else 1
+        for node in range(n_nodes):
+            switch = ("nvswitch", node)
+            g.add_edges_from(((("gpu", node * gpn + i), switch) for i in range(gpn)), tier=0)
+            if len(self.tiers) == 1:
+                continue
+            leaf_domain = node // self.tiers[1].span_nodes
+            for i in range(gpn):  # GPU i's NIC sits on rail i (or all share rail 0 when not rail-optimized)
+                g.add_edge(("gpu", node * gpn + i), ("leaf", i % rails, leaf_domain), tier=1)
+        for tier in self.tiers[2:]:
+            lower = self.tiers[tier.level - 1]
+            for domain in range(-(-n_nodes // lower.span_nodes)):
+                upper = domain * lower.span_nodes // tier.span_nodes
+                for rail in range(rails):
+                    below = ("leaf", rail, domain) if lower.level == 1 else (lower.name, domain)
+                    g.add_edge(below, (tier.name, upper), tier=tier.level)
+        return g
+
+    def _torus_graph(self) -> nx.Graph:
+        torus = self.cluster.fabric.torus
+        assert torus is not None
+        g = nx.grid_graph(dim=list(torus.dims), periodic=torus.wraparound)
+        return nx.relabel_nodes(g, {c: ("gpu", self._torus_index(c)) for c in g.nodes})
+
+    def _torus_index(self, coord: tuple[int, ...]) -> int:
+        torus = self.cluster.fabric.torus
+        assert torus is not None
+        # networkx grid_graph lists dims in reverse: its first coordinate is the last dim
+        return int(np.ravel_multi_index(coord, tuple(reversed(torus.dims))))
+
+    def graph_hops(self, a: int, b: int) -> int:
+        """Switch hops between ranks a and b along the graph's shortest path."""
+        path = nx.shortest_path(self.graph, ("gpu", a), ("gpu", b))
+        if self.cluster.fabric.torus:
+            return len(path) - 1
+        return sum(1 for v in path if v[0] != "gpu")
