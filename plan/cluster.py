@@ -79,6 +79,8 @@ class ComputeEfficiency(Sourced):
     """Fixed cost per kernel or framework op: launch and dispatch (microseconds)."""
     memory_bandwidth_fraction: PositiveFloat = Field(le=1)
     """Fraction of HBM bandwidth that memory-bound kernels (norms, activations, optimizer) reach."""
+    attention_peak_fraction: float | None = Field(default=None, gt=0, le=1)
+    """Fraction of the bf16 peak a fused causal attention kernel reaches; unset: the GEMM curve applies."""
 
     @field_validator("gemm_peak_fraction")
     @classmethod

@@ -1,0 +1,212 @@
+"""Memory per GPU: weights, gradients and optimizer state under ZeRO 0-3, activations under each recompute
+policy, the microbatches the schedule keeps in flight, and whether it all fits.
+
+Model state follows the mixed-precision Adam accounting of Rajbhandari et al. 2020 (ZeRO, §3): bf16 weights (2 B),
+bf16 gradients (2 B) and fp32 master weights, momentum and variance (12 B) — 16 bytes per parameter — with ZeRO-1
+sharding the 12 B over the data-parallel group, ZeRO-2 the gradients too and ZeRO-3 the weights as well. Expert
+weights are sharded over their own expert-data-parallel group (dp / ep).
+
+Activations follow Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer Models", §4),
+counted tensor by tensor for a modern layer: no dropout, fused (flash) attention that keeps its output and
+log-sum-exp rather than the s x s scores, grouped-query K/V, SwiGLU or GELU MLP, MoE expert buffers. Tensor
+parallelism splits what is tensor-parallel; sequence parallelism also splits the norm and residual tensors; full
+recompute keeps only each layer's input.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from plan.cluster import Cluster
+from plan.model_math import attention_params, mlp_params
+from plan.schema import Plan
+from twin.compute import ACT_BYTES
+
+GiB = 2**30
+RESERVED_BYTES = 1.0 * GiB
+"""CUDA context and NCCL buffers per process: PyTorch's CUDA context takes 300-500 MB (PyTorch docs, "CUDA
+semantics: memory management"), NCCL's default 4 MiB buffer per channel and peer adds a few hundred MB at scale
+(NCCL docs, NCCL_BUFFSIZE)."""
+
+OPTIMIZER_BYTES = {"adamw": 12, "adam": 12, "sgd": 8}
+"""fp32 master weights plus Adam's two moments (12 B), or SGD's momentum (8 B), per parameter."""
+
+
+@dataclass(frozen=True)
+class StageParams:
+    """Parameters one rank holds for one model stage, split by the group that reduces their gradients."""
+
+    dense: float
+    """Reduced over the whole dp group: attention, dense MLPs, shared experts, router, embeddings."""
+    expert: float
+    """Routed-expert weights, reduced over the expert-data-parallel group (dp / ep)."""
+
+
+@dataclass(frozen=True)
+class MemoryBreakdown:
+    """Memory of the fullest rank (GiB)."""
+
+    params: float
+    grads: float
+    optimizer: float
+    activations: float
+    transient: float
+    """Short-lived peaks: logits, a recomputed layer, gathered ZeRO-3 weights."""
+    reserved: float
+    """CUDA context and communication buffers."""
+    peak: float
+    capacity: float
+    fits: bool
+    reason: str
+    pipeline_rank: int
+    """The rank these figures belong to (the one with the highest peak)."""
+
+
+def layer_params(plan: Plan, layer: int) -> StageParams:
+    """Parameters of one layer on one rank (sharded by tp, experts also by ep)."""
+    m, lay = plan.model, plan.layout
+    dense = (attention_params(m) + 2 * m.hidden) / lay.tp
+    if m.is_moe and layer >= m.dense_layers:
+        assert m.moe_ffn_hidden is not None
+        expert = mlp_params(m, m.moe_ffn_hidden)
+        dense += m.hidden * m.experts + m.shared_experts * expert / lay.tp
+        return StageParams(dense, m.experts * expert / (lay.tp * lay.ep))
+    return StageParams(dense + mlp_params(m, m.ffn_hidden) / lay.tp, 0.0)
+
+
+def stage_layer_ranges(plan: Plan) -> list[range]:
+    """The model layers of each stage, in model order."""
+    ranges, start = [], 0
+    for count in plan.stage_layer_counts:
+        ranges.append(range(start, start + count))
+        start += count
+    return ranges
+
+
+def stage_params(plan: Plan, stage: int) -> StageParams:
+    """Parameters one rank holds for one model stage, embedding and head included where they live."""
+    m, tp = plan.model, plan.layout.tp
+    dense = expert = 0.0
+    for layer in stage_layer_ranges(plan)[stage]:
+        p = layer_params(plan, layer)
+        dense, expert = dense + p.dense, expert + p.expert
+    last = plan.layout.num_stages - 1
+    if stage == 0:
+        dense += m.vocab * m.hidden / tp
+    if stage == last:  # a tied head still keeps a copy on the last stage (Megatron's shared embedding)
+        dense += m.vocab * m.hidden / tp + m.hidden
+    return StageParams(dense, expert)
+
+
+def activation_bytes(plan: Plan, moe: bool) -> tuple[float, float]:
+    """Bytes one layer keeps for one microbatch until its backward, and the fraction of them that a split-off
+    weight-gradient pass (W) still needs (the inputs of the weight GEMMs)."""
+    m, lay = plan.model, plan.layout
+    t = lay.tp
+    tokens = lay.microbatch_size * m.seq_len // lay.cp
+    hq, hkv = m.heads * m.d_head, m.n_kv_heads * m.d_head
+    stream = tokens * m.hidden / (t if lay.sequence_parallel else 1)  # one [s, b, h] tensor
+    if lay.recompute == "full":
+        return stream * ACT_BYTES, 1.0
+    qkv = tokens * (hq + 2 * hkv) / t
+    core = tokens * hq / t + 2 * tokens * m.heads / t  # flash output + fp32 log-sum-exp
+    mats = 3 if m.glu else 2
+    if moe:
+        assert m.moe_ffn_hidden is not None
+        routed = tokens * m.top_k
+        width = (routed + tokens * m.shared_experts) * m.moe_ffn_hidden / t  # one MLP matrix's output, all experts
+        mlp = routed * m.hidden / t + mats * width + 2 * tokens * m.experts
+    else:
+        width = tokens * m.ffn_hidden / t
+        mlp = mats * width
+    down_in = width
+    norm_outputs = 2 * stream
+    if lay.recompute == "selective":
+        # recompute the attention core, both norms and the MLP activation function: Megatron-Core's selective
+        # modules core_attn + layernorm + mlp/moe_act (its DeepSeek-V3 recipe); DeepSeek-V3 report §3.3.3
+        core, norm_outputs, mlp = 0.0, 0.0, mlp - width
+    total = 2 * stream + norm_outputs + qkv + core + mlp
+    weight_inputs = 2 * stream + tokens * hq / t + down_in
+    share = min(1.0, weight_inputs / total)
+    # fp8 training caches the inputs of its fp8 GEMMs in fp8 (DeepSeek-V3 report §3.3.3)
+    per_element = ACT_BYTES * (1 - share / 2) if plan.training.dtype == "fp8" else ACT_BYTES
+    return total * per_element, share
+
+
+def rank_state_bytes(plan: Plan, stages: list[int]) -> tuple[float, float, float]:
+    """(weights, gradients, optimizer) bytes of one rank holding `stages`, sharded as its ZeRO stage says."""
+    lay = plan.layout
+    dense = sum(stage_params(plan, s).dense for s in stages)
+    expert = sum(stage_params(plan, s).expert for s in stages)
+    edp = lay.dp // lay.ep
+
+    def shard(stage_from: int) -> float:
+        return dense / lay.dp + expert / edp if lay.zero >= stage_from else dense + expert
+
+    opt = OPTIMIZER_BYTES[plan.training.optimizer]
+    return 2 * shard(3), 2 * shard(2), opt * shard(1)
+
+
+def transient_bytes(plan: Plan, stages: list[int], last: bool) -> float:
+    """The largest short-lived allocation on this rank."""
+    m, lay = plan.model, plan.layout
+    tokens = lay.microbatch_size * m.seq_len // lay.cp
+    candidates = [0.0]
+    if last:  # fp32 logits and their gradient for one microbatch
+        candidates.append(2 * tokens * m.vocab / lay.tp * 4)
+    if lay.recompute == "full":  # one layer rebuilt in full during its backward
+        candidates.append(
+            activation_bytes(
+                plan.model_copy(update={"layout": lay.model_copy(update={"recompute": "none"})}), m.is_moe
+            )[0]
+        )
+    if lay.zero == 3:
+        layers = [layer for s in stages for layer in stage_layer_ranges(plan)[s]]
+        biggest = max((layer_params(plan, i).dense + layer_params(plan, i).expert for i in layers), default=0.0)
+        gathered = sum(stage_params(plan, s).dense + stage_params(plan, s).expert for s in stages)
+        # pipelined FSDP keeps the stage gathered for the whole step (reshard_after_forward=False);
+        # otherwise the current and the prefetched layer are gathered at once
+        candidates.append(2 * (gathered if lay.pp > 1 else 2 * biggest))
+    return max(candidates)
+
+
+def memory_breakdown(plan: Plan, cluster: Cluster, peak_live_layers: list[float]) -> MemoryBreakdown:
+    """Memory of every pipeline rank; returns the fullest. `peak_live_layers[r]` is the schedule's peak of
+    in-flight activations on rank r, in units of one layer's activations for one microbatch (a dense layer;
+    MoE layers are weighed by the caller)."""
+    from twin.schedules import stage_rank
+
+    lay = plan.layout
+    dense_act, _ = activation_bytes(plan, moe=False)
+    capacity = cluster.accelerator.hbm_GB * 1e9
+    worst: MemoryBreakdown | None = None
+    for rank in range(lay.pp):
+        stages = [s for s in range(lay.num_stages) if stage_rank(lay.schedule, lay.pp, s) == rank]
+        weights, grads, optim = rank_state_bytes(plan, stages)
+        acts = peak_live_layers[rank] * dense_act
+        transient = transient_bytes(plan, stages, last=lay.num_stages - 1 in stages)
+        peak = weights + grads + optim + acts + transient + RESERVED_BYTES
+        fits = peak <= capacity
+        reason = f"peak {peak / GiB:.1f} GiB of {capacity / GiB:.1f} GiB on pipeline rank {rank}" + (
+            ""
+            if fits
+            else f": over by {(peak - capacity) / GiB:.1f} GiB; raise tp/pp, zero or "
+            "recompute, or lower microbatch_size"
+        )
+        candidate = MemoryBreakdown(
+            weights / GiB,
+            grads / GiB,
+            optim / GiB,
+            acts / GiB,
+            transient / GiB,
+            RESERVED_BYTES / GiB,
+            peak / GiB,
+            capacity / GiB,
+            fits,
+            reason,
+            rank,
+        )
+        if worst is None or candidate.peak > worst.peak:
+            worst = candidate
+    assert worst is not None
+    return worst

@@ -1,0 +1,250 @@
+"""One optimizer step of one pipeline replica, simulated in SimPy.
+
+Each pipeline rank is a process that runs its schedule's actions in order, waiting for the activation (or the
+gradient) its action needs. A cross-rank send is a process that holds the link between the two ranks in that
+direction for the message's time, so sends queue when they contend. Data-parallel gradient buckets become ready
+as each stage's final backward runs and queue on the rank's data-parallel link, overlapping the backward; what is
+left after the rank's last computation is exposed. Time a rank spends waiting is pipeline communication while the
+message it waits for is on the wire (or queued for it), and bubble otherwise. (SimPy's "machine shop" pattern:
+processes for workers, resources for shared links; records collected in lists, tables built after `env.run()`.)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import simpy
+
+from twin.schedules import Action
+
+COMPONENTS = ("compute", "recompute", "tp", "cp", "ep", "dp")
+
+
+@dataclass(frozen=True)
+class ActionCost:
+    """Seconds one action takes on its rank, by what the time is spent on (communication here is exposed)."""
+
+    compute: float = 0.0
+    recompute: float = 0.0
+    tp: float = 0.0
+    cp: float = 0.0
+    ep: float = 0.0
+    dp: float = 0.0
+
+    @property
+    def total(self) -> float:
+        return self.compute + self.recompute + self.tp + self.cp + self.ep + self.dp
+
+
+@dataclass(frozen=True)
+class PipelineInput:
+    """Everything the simulation needs; costs are per (kind, stage) and the same for every microbatch."""
+
+    orders: tuple[tuple[Action, ...], ...]
+    stage_rank: tuple[int, ...]
+    costs: Mapping[tuple[str, int], ActionCost]
+    p2p_s: Mapping[tuple[int, int], float]
+    """Seconds to send one microbatch's activation (or its gradient) from stage a to stage b."""
+    split_w: bool
+    dp_stage_s: Mapping[int, float] = field(default_factory=dict)
+    """Seconds of data-parallel gradient reduction of each stage's weights, overlapped with its final backward."""
+    gather_stage_s: Mapping[int, float] = field(default_factory=dict)
+    """Seconds of ZeRO-3 parameter gathering of each stage before its first forward (pipelined FSDP)."""
+    optimizer_s: Mapping[int, float] = field(default_factory=dict)
+    """Seconds of the optimizer step on each rank."""
+    buckets: int = 4
+    """Gradient buckets per stage (Megatron's default bucket is 40M parameters; a handful per stage)."""
+
+
+@dataclass(frozen=True)
+class Slice:
+    """One action as it ran."""
+
+    rank: int
+    stage: int
+    kind: str
+    microbatch: int
+    start: float
+    end: float
+
+
+@dataclass
+class RankTimes:
+    """Where one rank's step went (seconds)."""
+
+    compute: float = 0.0
+    recompute: float = 0.0
+    tp: float = 0.0
+    cp: float = 0.0
+    ep: float = 0.0
+    dp: float = 0.0
+    pp: float = 0.0
+    bubble: float = 0.0
+    optimizer: float = 0.0
+    end: float = 0.0
+
+
+@dataclass(frozen=True)
+class PipelineResult:
+    step_s: float
+    ranks: tuple[RankTimes, ...]
+    slices: tuple[Slice, ...]
+    events: int
+    """SimPy events the simulation scheduled."""
+
+
+class _Sim:
+    def __init__(self, inp: PipelineInput) -> None:
+        self.inp = inp
+        self.env = simpy.Environment()
+        self.done: dict[tuple[str, int, int], simpy.Event] = {}
+        self.arrived: dict[tuple[str, int, int], simpy.Event] = {}
+        self.sent_at: dict[tuple[str, int, int], float] = {}
+        self.links: dict[tuple[int, int], simpy.Resource] = {}
+        self.dp_link = [simpy.Resource(self.env, capacity=1) for _ in inp.orders]
+        self.gathered: dict[int, simpy.Event] = {}
+        self.pending_dp: list[list[simpy.Event]] = [[] for _ in inp.orders]
+        self.times = [RankTimes() for _ in inp.orders]
+        self.slices: list[Slice] = []
+        self.events = 0
+        self.last_stage = len(inp.stage_rank) - 1
+        self.final_grad = self._final_grad_actions()
+
+    def _final_grad_actions(self) -> set[Action]:
+        kind = "W" if self.inp.split_w else "B"
+        last: dict[int, Action] = {}
+        for order in self.inp.orders:
+            for a in order:
+                if a.kind == kind:
+                    last[a.stage] = a
+        return set(last.values())
+
+    def event(self, table: dict[Any, simpy.Event], key: Any) -> simpy.Event:
+        if key not in table:
+            table[key] = self.env.event()
+            self.events += 1
+        return table[key]
+
+    def timeout(self, seconds: float) -> simpy.Event:
+        self.events += 1
+        return self.env.timeout(max(0.0, seconds))
+
+    def run(self) -> PipelineResult:
+        for stage in self.inp.gather_stage_s:
+            self.event(self.gathered, stage)
+        for rank in range(len(self.inp.orders)):
+            if self.inp.gather_stage_s:
+                self.env.process(self.gather(rank))
+            self.env.process(self.rank(rank))
+        self.env.run()
+        step = max(t.end for t in self.times)
+        for t in self.times:  # a rank that finishes early idles until the slowest one is done
+            t.bubble += step - t.end
+        return PipelineResult(step, tuple(self.times), tuple(self.slices), self.events)
+
+    def dependency(self, a: Action, rank: int) -> tuple[str, int, int] | None:
+        """The result `a` waits for from another stage, keyed as (kind, stage it feeds, microbatch)."""
+        if a.kind == "F" and a.stage > 0:
+            return ("F", a.stage, a.microbatch)
+        if a.kind == "B" and a.stage < self.last_stage:
+            return ("B", a.stage, a.microbatch)
+        return None
+
+    def wait_for(self, key: tuple[str, int, int], a: Action, rank: int) -> simpy.Event:
+        source = a.stage - 1 if key[0] == "F" else a.stage + 1
+        if self.inp.stage_rank[source] == rank:
+            return self.event(self.done, (key[0], source, key[2]))
+        return self.event(self.arrived, key)
+
+    def rank(self, rank: int) -> Generator[simpy.Event, Any, None]:
+        times = self.times[rank]
+        first_forward: set[int] = set()
+        for a in self.inp.orders[rank]:
+            key = self.dependency(a, rank)
+            if key is not None:
+                ev = self.wait_for(key, a, rank)
+                t0 = self.env.now
+                yield ev
+                waited = self.env.now - t0
+                on_wire = min(waited, max(0.0, self.env.now - self.sent_at.get(key, self.env.now)))
+                times.pp += on_wire
+                times.bubble += waited - on_wire
+            if a.kind == "F" and a.stage in self.gathered and a.stage not in first_forward:
+                first_forward.add(a.stage)
+                t0 = self.env.now
+                yield self.gathered[a.stage]
+                times.dp += self.env.now - t0
+            cost = self.inp.costs[(a.kind, a.stage)]
+            start = self.env.now
+            if a in self.final_grad and self.inp.dp_stage_s.get(a.stage, 0.0) > 0:
+                self.launch_buckets(rank, a.stage, start, cost.total)
+            yield self.timeout(cost.total)
+            for name in COMPONENTS:
+                setattr(times, name, getattr(times, name) + getattr(cost, name))
+            self.slices.append(Slice(rank, a.stage, a.kind, a.microbatch, start, self.env.now))
+            self.event(self.done, (a.kind, a.stage, a.microbatch)).succeed()
+            self.send(a, rank)
+        compute_end = self.env.now
+        if self.pending_dp[rank]:
+            yield self.env.all_of(self.pending_dp[rank])
+        times.dp += self.env.now - compute_end
+        optimizer = self.inp.optimizer_s.get(rank, 0.0)
+        yield self.timeout(optimizer)
+        times.optimizer += optimizer
+        times.end = self.env.now
+
+    def send(self, a: Action, rank: int) -> None:
+        if a.kind == "F" and a.stage < self.last_stage:
+            target = a.stage + 1
+        elif a.kind == "B" and a.stage > 0:
+            target = a.stage - 1
+        else:
+            return
+        dst = self.inp.stage_rank[target]
+        if dst == rank:
+            return
+        key = (a.kind, target, a.microbatch)
+        self.sent_at[key] = self.env.now
+        self.env.process(self.transfer(rank, dst, key, self.inp.p2p_s[(a.stage, target)]))
+
+    def transfer(self, src: int, dst: int, key: tuple[str, int, int], seconds: float) -> Generator[Any, Any, None]:
+        link = self.links.setdefault((src, dst), simpy.Resource(self.env, capacity=1))
+        with link.request() as req:
+            yield req
+            yield self.timeout(seconds)
+        self.event(self.arrived, key).succeed()
+
+    def launch_buckets(self, rank: int, stage: int, start: float, duration: float) -> None:
+        per_bucket = self.inp.dp_stage_s[stage] / self.inp.buckets
+        for i in range(self.inp.buckets):
+            ready = start + duration * (i + 1) / self.inp.buckets
+            done = self.env.event()
+            self.events += 1
+            self.pending_dp[rank].append(done)
+            self.env.process(self.reduce_bucket(rank, ready, per_bucket, done))
+
+    def reduce_bucket(self, rank: int, ready: float, seconds: float, done: simpy.Event) -> Generator[Any, Any, None]:
+        yield self.timeout(ready - self.env.now)
+        with self.dp_link[rank].request() as req:
+            yield req
+            yield self.timeout(seconds)
+        done.succeed()
+
+    def gather(self, rank: int) -> Generator[Any, Any, None]:
+        stages = sorted(
+            {a.stage for a in self.inp.orders[rank]},
+            key=lambda s: next(i for i, a in enumerate(self.inp.orders[rank]) if a.stage == s),
+        )
+        for stage in stages:
+            ev = self.gathered[stage]
+            with self.dp_link[rank].request() as req:
+                yield req
+                yield self.timeout(self.inp.gather_stage_s.get(stage, 0.0))
+            ev.succeed()
+
+
+def simulate(inp: PipelineInput) -> PipelineResult:
+    """Run one step of the pipeline and return its time, per-rank breakdown and timeline."""
+    return _Sim(inp).run()

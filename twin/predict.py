@@ -1,0 +1,420 @@
+"""Predict one optimizer step of a plan: time, where it goes, memory, MFU — by simulating one pipeline replica.
+
+Every data-parallel replica does the same work on uniform hardware, so one replica's pipeline is simulated
+(shared/DESIGN.md, "Scale without brute force"); the TP/CP/EP/DP groups of its ranks are placed on the fabric with
+the shared rank grid, and their collectives cost what the fabric says. Variation between ranks enters as the median
+of the slowest of N ranks' step-time multipliers, drawn from the extreme-value distribution of N lognormals.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from scipy.stats import norm
+
+from plan import loader
+from plan.cluster import Cluster
+from plan.model_math import model_flops_per_token
+from plan.rank_grid import RankGrid
+from plan.schema import Plan
+from twin import schedules
+from twin.collectives import InNetwork, collective_time
+from twin.compute import Device, PassCost, Shape, embedding_cost, head_cost, layer_cost
+from twin.fabric import Fabric, GroupSpan
+from twin.memory import MemoryBreakdown, memory_breakdown, rank_state_bytes, stage_layer_ranges, stage_params
+from twin.memory import activation_bytes as layer_activation_bytes
+from twin.pipeline import ActionCost, PipelineInput, PipelineResult, simulate
+
+ADAM_BYTES_PER_PARAM = 28
+"""Bytes an Adam step moves per local parameter: reads fp32 master, m, v (12) and the bf16 gradient (2), writes
+master, m, v (12) and the bf16 weight (2) (Rajbhandari et al. 2020 state layout)."""
+
+
+@dataclass(frozen=True)
+class PredictOptions:
+    """Switches for what-if and closed-form checks."""
+
+    free_comm: bool = False
+    """Every collective and send takes no time (isolates compute and the pipeline's own bubble)."""
+    stragglers: bool = True
+    """Apply the cluster's per-rank step-time variation (the slowest of N ranks)."""
+    algorithm: str | None = None
+    """Force one collective algorithm where it applies (ring, tree, hierarchical, nvls, sharp)."""
+
+
+@dataclass(frozen=True)
+class StepPrediction:
+    """One optimizer step of a plan, predicted."""
+
+    plan: str
+    cluster: str
+    world_size: int
+    num_microbatches: int
+    step_time_s: float
+    tokens_per_s: float
+    mfu: float
+    """Model FLOPs utilisation: PaLM's 6N + attention FLOPs, no recompute, against the dense bf16 peak."""
+    hfu: float
+    """Hardware FLOPs utilisation: what the kernels run (causal attention, recompute included), same peak."""
+    tflops_per_gpu: float
+    """Model TFLOP/s per GPU (the MFU numerator)."""
+    bubble_fraction: float
+    memory: MemoryBreakdown
+    fits: bool
+    breakdown_s: dict[str, float]
+    collectives: dict[str, dict[str, Any]]
+    days_to_train: float
+    gpu_hours: float
+    events: int
+    timeline: list[dict[str, Any]] = field(repr=False)
+
+    def to_json(self, timeline: bool = False) -> dict[str, Any]:
+        out = asdict(self)
+        out["memory"] = asdict(self.memory)
+        if not timeline:
+            out.pop("timeline")
+        return out
+
+
+@dataclass(frozen=True)
+class _Context:
+    plan: Plan
+    cluster: Cluster
+    fabric: Fabric
+    grid: RankGrid
+    device: Device
+    net: InNetwork
+    options: PredictOptions
+
+    @property
+    def comm_bytes(self) -> int:
+        """Bytes per element of activation traffic: fp8 where the plan trains in fp8 (DeepSeek-V3 §3.3 sends
+        dispatch and activations in fp8); gradients stay bf16."""
+        return 1 if self.plan.training.dtype == "fp8" else 2
+
+    def span(self, *axes: str) -> GroupSpan:
+        return self.fabric.span(self.grid.group_of(0, *axes))
+
+    def time(self, op: str, nbytes: float, span: GroupSpan) -> float:
+        if self.options.free_comm:
+            return 0.0
+        return collective_time(op, nbytes, span, self.net, self._algorithm(op)).seconds  # type: ignore[arg-type]
+
+    def _algorithm(self, op: str) -> str | None:
+        forced = self.options.algorithm
+        return forced if forced and op == "all_reduce" else None
+
+
+def _context(plan: Plan, cluster: Cluster, options: PredictOptions) -> _Context:
+    lay = plan.layout
+    node = cluster.node
+    nvls = node.intra.bandwidth_GBps * 1e9 * node.nvls_efficiency if node.nvls and node.nvls_efficiency else None
+    return _Context(
+        plan=plan,
+        cluster=cluster,
+        fabric=Fabric(cluster),
+        grid=RankGrid.from_layout(lay),
+        device=Device.of(cluster, plan.training.dtype, min(lay.world_size, node.gpus)),
+        net=InNetwork(nvls_busbw_Bps=nvls, sharp=cluster.fabric.sharp),
+        options=options,
+    )
+
+
+def _layer_comm(ctx: _Context, cost: PassCost, moe: bool) -> dict[str, tuple[float, float]]:
+    """Exposed (forward, backward) seconds of one layer's TP, CP and EP communication for one microbatch."""
+    m, lay = ctx.plan.model, ctx.plan.layout
+    tokens = lay.microbatch_size * m.seq_len // lay.cp
+    stream = tokens * m.hidden * ctx.comm_bytes
+    out = {"tp": (0.0, 0.0), "cp": (0.0, 0.0), "ep": (0.0, 0.0)}
+    if lay.tp > 1:  # Megatron: two all-gathers and two reduce-scatters (SP), or two all-reduces, each way
+        tp = ctx.span("tp")
+        per_pass = (
+            2 * ctx.time("all_gather", stream, tp) + 2 * ctx.time("reduce_scatter", stream, tp)
+            if lay.sequence_parallel
+            else 2 * ctx.time("all_reduce", stream, tp)
+        )
+        out["tp"] = (per_pass, per_pass)
+    if lay.cp > 1:  # ring attention passes K and V around the cp ranks, overlapped with the attention blocks
+        kv = 2 * tokens * m.n_kv_heads * m.d_head / lay.tp * ctx.comm_bytes
+        ring = (lay.cp - 1) * ctx.time("p2p", kv, ctx.span("cp"))
+        attention = cost.forward_s * 0.5  # the attention share of a layer is about half at long context
+        out["cp"] = (max(0.0, ring - attention), max(0.0, 2 * ring - 2.5 * attention))
+    if moe and lay.ep > 1:  # dispatch and combine all-to-alls of top_k copies of each token, each way
+        moved = tokens * m.top_k * m.hidden * ctx.comm_bytes
+        a2a = 2 * ctx.time("all_to_all", moved, ctx.span("ep"))
+        if lay.schedule == "dualpipe-v":  # DualPipe overlaps it with the paired microbatch's compute
+            out["ep"] = (max(0.0, a2a - cost.forward_s), max(0.0, a2a - cost.backward_input_s))
+        else:
+            out["ep"] = (a2a, a2a)
+    return out
+
+
+def _zero3_layer_exposed(ctx: _Context, layer: int, cost: PassCost) -> tuple[float, float]:
+    """FSDP without pipelining: each layer's weights are gathered before use and its gradients reduce-scattered,
+    prefetched one layer ahead, so only what outlasts the layer's compute shows."""
+    from twin.memory import layer_params
+
+    p = layer_params(ctx.plan, layer)
+    dp = ctx.span("dp")
+    gather = ctx.time("all_gather", 2 * (p.dense + p.expert), dp)
+    scatter = ctx.time("reduce_scatter", 2 * (p.dense + p.expert), dp)
+    backward = cost.backward_input_s + cost.backward_weight_s
+    return max(0.0, gather - cost.forward_s), max(0.0, gather + scatter - backward)
+
+
+def _stage_costs(ctx: _Context) -> dict[tuple[str, int], ActionCost]:
+    """The cost of F, B (and W) of every model stage for one microbatch."""
+    plan, lay, m = ctx.plan, ctx.plan.layout, ctx.plan.model
+    shape = Shape(lay.microbatch_size * m.seq_len // lay.cp, lay.tp, lay.sequence_parallel)
+    seq_local = m.seq_len // lay.cp
+    kinds = {False: layer_cost(m, shape, ctx.device, False, lay.recompute, lay.microbatch_size, seq_local)}
+    if m.is_moe:
+        kinds[True] = layer_cost(m, shape, ctx.device, True, lay.recompute, lay.microbatch_size, seq_local)
+    comms = {moe: _layer_comm(ctx, cost, moe) for moe, cost in kinds.items()}
+    split = schedules.splits_weight_grad(lay.schedule)
+    costs: dict[tuple[str, int], ActionCost] = {}
+    for stage, layers in enumerate(stage_layer_ranges(plan)):
+        f, b, w = (dict.fromkeys(("compute", "recompute", "tp", "cp", "ep", "dp"), 0.0) for _ in range(3))
+        extras = ([embedding_cost(m, shape, ctx.device)] if stage == 0 else []) + (
+            [head_cost(m, shape, ctx.device)] if stage == lay.num_stages - 1 else []
+        )
+        for layer in layers:
+            moe = m.is_moe and layer >= m.dense_layers
+            cost, comm = kinds[moe], comms[moe]
+            f["compute"] += cost.forward_s
+            b["compute"] += cost.backward_input_s
+            (w if split else b)["compute"] += cost.backward_weight_s
+            b["recompute"] += cost.recompute_s
+            for axis in ("tp", "cp", "ep"):
+                f[axis] += comm[axis][0]
+                b[axis] += comm[axis][1] + (comm[axis][0] if lay.recompute == "full" else 0.0)
+            if lay.zero == 3 and lay.pp == 1:
+                fwd, bwd = _zero3_layer_exposed(ctx, layer, cost)
+                f["dp"], b["dp"] = f["dp"] + fwd, b["dp"] + bwd
+        for extra in extras:
+            f["compute"] += extra.forward_s
+            b["compute"] += extra.backward_input_s
+            (w if split else b)["compute"] += extra.backward_weight_s
+        costs[("F", stage)] = ActionCost(**f)
+        costs[("B", stage)] = ActionCost(**b)
+        if split:
+            costs[("W", stage)] = ActionCost(**w)
+    return costs
+
+
+def _p2p_costs(ctx: _Context) -> dict[tuple[int, int], float]:
+    """Seconds to send one microbatch's activation (or its gradient) across each stage boundary."""
+    lay, m = ctx.plan.layout, ctx.plan.model
+    if lay.pp == 1:
+        return {}
+    pp_ranks = ctx.grid.group_of(0, "pp")
+    tokens = lay.microbatch_size * m.seq_len // lay.cp
+    nbytes = tokens * m.hidden * ctx.comm_bytes / (lay.tp if lay.sequence_parallel else 1)
+    out = {}
+    for stage in range(lay.num_stages - 1):
+        a = pp_ranks[schedules.stage_rank(lay.schedule, lay.pp, stage)]
+        b = pp_ranks[schedules.stage_rank(lay.schedule, lay.pp, stage + 1)]
+        seconds = ctx.time("p2p", nbytes, ctx.fabric.span([a, b])) if a != b else 0.0
+        out[(stage, stage + 1)] = out[(stage + 1, stage)] = seconds
+    return out
+
+
+def _dp_costs(ctx: _Context) -> tuple[dict[int, float], dict[int, float], float]:
+    """Per stage: gradient reduction seconds (overlapped with the final backward) and ZeRO-3 gather seconds
+    (pipelined FSDP); and the ZeRO-1/2 parameter all-gather after the optimizer."""
+    plan, lay = ctx.plan, ctx.plan.layout
+    reduce_s: dict[int, float] = {}
+    gather_s: dict[int, float] = {}
+    if lay.dp == 1 or (lay.zero == 3 and lay.pp == 1):
+        return reduce_s, gather_s, 0.0
+    dp, edp = ctx.span("dp"), ctx.span("edp")
+    op = "all_reduce" if lay.zero == 0 else "reduce_scatter"
+    param_gather = 0.0
+    for stage in range(lay.num_stages):
+        p = stage_params(plan, stage)
+        reduce_s[stage] = ctx.time(op, 2 * p.dense, dp) + ctx.time(op, 2 * p.expert, edp)
+        gather = ctx.time("all_gather", 2 * p.dense, dp) + ctx.time("all_gather", 2 * p.expert, edp)
+        if lay.zero == 3:
+            gather_s[stage] = gather
+        elif lay.zero in (1, 2) and schedules.stage_rank(lay.schedule, lay.pp, stage) == 0:
+            param_gather += gather
+    return reduce_s, gather_s, param_gather
+
+
+def _optimizer_s(ctx: _Context) -> dict[int, float]:
+    lay = ctx.plan.layout
+    out = {}
+    for rank in range(lay.pp):
+        stages = [s for s in range(lay.num_stages) if schedules.stage_rank(lay.schedule, lay.pp, s) == rank]
+        _, grads, _ = rank_state_bytes(ctx.plan, stages)
+        local_params = (
+            grads / 2
+            if lay.zero >= 1
+            else sum(stage_params(ctx.plan, s).dense + stage_params(ctx.plan, s).expert for s in stages)
+        )
+        if lay.zero == 1:  # ZeRO-1 keeps full gradients but updates only its shard
+            local_params = sum(
+                stage_params(ctx.plan, s).dense / lay.dp + stage_params(ctx.plan, s).expert / (lay.dp // lay.ep)
+                for s in stages
+            )
+        out[rank] = ctx.device.memory_s(ADAM_BYTES_PER_PARAM * local_params, 4)
+    return out
+
+
+def straggler_factor(cluster: Cluster, ranks: int) -> float:
+    """Median of the slowest of `ranks` lognormal step-time multipliers with sigma = the cluster's jitter_cv:
+    the max of N draws has CDF F^N, so its median is F^-1(0.5^(1/N)) — one extreme-value quantile, not N draws."""
+    sigma = cluster.stragglers.jitter_cv
+    if sigma == 0 or ranks <= 1:
+        return 1.0
+    return math.exp(sigma * float(norm.ppf(0.5 ** (1.0 / ranks))))
+
+
+def _activation_weights(ctx: _Context) -> tuple[dict[int, float], float]:
+    """Each stage's activations per in-flight microbatch, in units of one dense layer's, and the W-kept share."""
+    plan, m = ctx.plan, ctx.plan.model
+    dense, kept = layer_activation_bytes(plan, moe=False)
+    moe = layer_activation_bytes(plan, moe=True)[0] if m.is_moe else dense
+    weights = {
+        s: sum(moe / dense if m.is_moe and i >= m.dense_layers else 1.0 for i in layers)
+        for s, layers in enumerate(stage_layer_ranges(plan))
+    }
+    return weights, kept
+
+
+def predict(plan: Plan, cluster: Cluster | None = None, options: PredictOptions = PredictOptions()) -> StepPrediction:
+    """Predict one optimizer step of `plan` on its cluster."""
+    cluster = cluster or loader.plan_cluster(plan)
+    ctx = _context(plan, cluster, options)
+    lay = plan.layout
+    orders = schedules.build(lay.schedule, lay.pp, lay.virtual_stages, plan.num_microbatches)
+    reduce_s, gather_s, param_gather = _dp_costs(ctx)
+    result = simulate(
+        PipelineInput(
+            orders=orders,
+            stage_rank=tuple(schedules.stage_rank(lay.schedule, lay.pp, s) for s in range(lay.num_stages)),
+            costs=_stage_costs(ctx),
+            p2p_s=_p2p_costs(ctx),
+            split_w=schedules.splits_weight_grad(lay.schedule),
+            dp_stage_s=reduce_s,
+            gather_stage_s=gather_s,
+            optimizer_s=_optimizer_s(ctx),
+        )
+    )
+    weights, kept = _activation_weights(ctx)
+    live = [
+        schedules.peak_live(o, weights, kept if schedules.splits_weight_grad(lay.schedule) else 0.0) for o in orders
+    ]
+    return _summarise(ctx, result, memory_breakdown(plan, cluster, live), param_gather)
+
+
+def _summarise(ctx: _Context, result: PipelineResult, memory: MemoryBreakdown, param_gather: float) -> StepPrediction:
+    plan, cluster, lay = ctx.plan, ctx.cluster, ctx.plan.layout
+    critical = max(range(len(result.ranks)), key=lambda r: (result.ranks[r].end, -r))
+    rt = result.ranks[critical]
+    first_forward = next(s.end - s.start for s in result.slices if s.rank == 0 and s.kind == "F")
+    gather_exposed = max(0.0, param_gather - first_forward)  # overlaps the next step's first forward
+    base = result.step_s + gather_exposed
+    straggle = base * (straggler_factor(cluster, lay.world_size) - 1) if ctx.options.stragglers else 0.0
+    token_bytes = 2 if plan.model.vocab <= 2**16 else 4
+    read_s = plan.tokens_per_step * token_bytes / (cluster.storage.read_GBps * 1e9)
+    data_wait = max(0.0, read_s - (base + straggle))  # the loader prefetches during the step
+    step = base + straggle + data_wait
+    breakdown = {
+        "compute": rt.compute,
+        "recompute": rt.recompute,
+        "tp_comm": rt.tp,
+        "cp_comm": rt.cp,
+        "ep_comm": rt.ep,
+        "pp_comm": rt.pp,
+        "dp_comm_exposed": rt.dp + gather_exposed,
+        "bubble": rt.bubble,
+        "optimizer": rt.optimizer,
+        "straggler": straggle,
+        "data_wait": data_wait,
+    }
+    peak = Device.of(cluster, "bf16", min(lay.world_size, cluster.node.gpus)).peak_flops
+    tokens_per_s = plan.tokens_per_step / step
+    model_flops = tokens_per_s * model_flops_per_token(plan.model)
+    hardware_flops = _hardware_flops_per_step(ctx) / step
+    days = plan.training.tokens / tokens_per_s / 86400
+    return StepPrediction(
+        plan=plan.name,
+        cluster=cluster.name,
+        world_size=lay.world_size,
+        num_microbatches=plan.num_microbatches,
+        step_time_s=step,
+        tokens_per_s=tokens_per_s,
+        mfu=model_flops / (lay.world_size * peak),
+        hfu=hardware_flops / (lay.world_size * peak),
+        tflops_per_gpu=model_flops / lay.world_size / 1e12,
+        bubble_fraction=rt.bubble / step,
+        memory=memory,
+        fits=memory.fits,
+        breakdown_s=breakdown,
+        collectives=_collective_summary(ctx),
+        days_to_train=days,
+        gpu_hours=days * 24 * lay.world_size,
+        events=result.events,
+        timeline=[
+            {
+                "rank": s.rank,
+                "stage": s.stage,
+                "kind": s.kind,
+                "microbatch": s.microbatch,
+                "start_s": s.start,
+                "end_s": s.end,
+            }
+            for s in result.slices
+        ],
+    )
+
+
+def _hardware_flops_per_step(ctx: _Context) -> float:
+    """FLOPs the kernels of the whole job run in one step (causal attention, recompute included)."""
+    plan, lay, m = ctx.plan, ctx.plan.layout, ctx.plan.model
+    shape = Shape(lay.microbatch_size * m.seq_len // lay.cp, lay.tp, lay.sequence_parallel)
+    seq_local = m.seq_len // lay.cp
+    total = 0.0
+    for layer in range(m.layers):
+        moe = m.is_moe and layer >= m.dense_layers
+        c = layer_cost(m, shape, ctx.device, moe, lay.recompute, lay.microbatch_size, seq_local)
+        total += c.forward_flops + c.backward_flops + c.recompute_flops
+    h = head_cost(m, shape, ctx.device)
+    total += h.forward_flops + h.backward_flops
+    return total * plan.num_microbatches * lay.tp * lay.cp * lay.dp
+
+
+def _collective_summary(ctx: _Context) -> dict[str, dict[str, Any]]:
+    """For each parallel axis: its group's span and the cost of its typical collective."""
+    lay, m = ctx.plan.layout, ctx.plan.model
+    tokens = lay.microbatch_size * m.seq_len // lay.cp
+    stream = tokens * m.hidden * ctx.comm_bytes
+    grads = 2 * sum(stage_params(ctx.plan, s).dense for s in range(lay.num_stages)) / lay.num_stages
+    typical = {
+        "tp": ("all_gather" if lay.sequence_parallel else "all_reduce", stream),
+        "cp": ("p2p", stream),
+        "ep": ("all_to_all", stream * max(1, m.top_k)),
+        "dp": ("all_reduce" if lay.zero == 0 else "reduce_scatter", grads),
+        "pp": ("p2p", stream),
+    }
+    out = {}
+    for axis, (op, nbytes) in typical.items():
+        if ctx.grid.size(axis) == 1:
+            continue
+        span = ctx.span(axis) if axis != "pp" else ctx.fabric.span(ctx.grid.group_of(0, "pp")[:2])
+        cost = collective_time(op, nbytes, span, ctx.net)  # type: ignore[arg-type]
+        out[axis] = {
+            "op": op,
+            "bytes": nbytes,
+            "algorithm": cost.algorithm,
+            "seconds": cost.seconds,
+            "busbw_GBps": cost.busbw_Bps / 1e9,
+            "tier": span.tier,
+            "ranks": span.size,
+            "per_node": span.per_node,
+            "hops": span.hops,
+        }
+    return out
