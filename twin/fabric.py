@@ -75,6 +75,11 @@ class GroupSpan:
         return self.size == 1
 
 
+def _tier(name: str, level: int, span: int, bw_GBps: float, eff: float, lat_us: float, oversub: float) -> Tier:
+    """A tier in SI units from the cluster file's figures."""
+    return Tier(name, level, span, bw_GBps * eff * GB, bw_GBps * GB, lat_us * US, oversub)
+
+
 class Fabric:
     """A cluster's fabric with the plan's ranks placed on it."""
 
@@ -83,26 +88,11 @@ class Fabric:
         self.gpus_per_node = cluster.node.gpus
         intra = cluster.node.intra
         self.tiers: tuple[Tier, ...] = (
-            Tier(
-                intra.name,
-                0,
-                1,
-                intra.bandwidth_GBps * intra.efficiency * GB,
-                intra.bandwidth_GBps * GB,
-                intra.latency_us * US,
-                1.0,
+            _tier(intra.name, 0, 1, intra.bandwidth_GBps, intra.efficiency, intra.latency_us, 1.0),
+            *(
+                _tier(t.name, i + 1, t.span_nodes, t.bandwidth_GBps, t.efficiency, t.latency_us, t.oversubscription)
+                for i, t in enumerate(cluster.fabric.tiers)
             ),
-        ) + tuple(
-            Tier(
-                t.name,
-                i + 1,
-                t.span_nodes,
-                t.bandwidth_GBps * t.efficiency * GB,
-                t.bandwidth_GBps * GB,
-                t.latency_us * US,
-                t.oversubscription,
-            )
-            for i, t in enumerate(cluster.fabric.tiers)
         )
         self._spans: dict[tuple[int, ...], GroupSpan] = {}
 

@@ -112,7 +112,8 @@ def _greedy(p: int, m: int, stages: list[tuple[int, ...]], limits: list[int]) ->
 
     Each time step every rank runs one ready action: the backward of its deepest stage first; else a forward
     (deepest stage first) while the microbatches it holds activations for — forwards awaiting their backward, and
-    backwards awaiting their W, weighed at W_HOLDS — stay under `limits[r]`; else its oldest pending W. A result reaches the next stage one step later.
+    backwards awaiting their W, weighed at W_HOLDS — stay under `limits[r]`; else its oldest pending W. A result
+    reaches the next stage one step later.
     """
     n_stages = sum(len(s) for s in stages)
     done: dict[tuple[Kind, int, int], int] = {}
