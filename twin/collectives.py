@@ -18,13 +18,18 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from twin.fabric import GroupSpan
 
 Op = Literal["all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "p2p"]
 Algorithm = Literal["ring", "tree", "hierarchical", "nvls", "sharp", "direct"]
+
+
+TREE_BW_FACTOR = 0.92
+"""NCCL's tuner rates a tree all-reduce at 92% of the bus bandwidth a ring gets on the same channels
+(NVIDIA/nccl src/graph/tuning.cc, `busBw * .92` for NCCL_ALGO_TREE), which is why rings win at large sizes."""
 
 
 def busbw_factor(op: Op, n: int) -> float:
@@ -38,8 +43,8 @@ def busbw_factor(op: Op, n: int) -> float:
 class InNetwork:
     """In-network reduction a fabric offers, in bus-bandwidth terms (None: not offered)."""
 
-    nvls_busbw_Bps: float | None = None
-    """All-reduce bus bandwidth per GPU with NVLink SHARP inside a node (bytes/s)."""
+    nvls_link_Bps: float | None = None
+    """Link bandwidth per GPU an NVLS collective achieves inside a node (link x nvls_efficiency, bytes/s)."""
     sharp: bool = False
     """InfiniBand SHARP reduces the cross-node part of an all-reduce in the switches."""
 
@@ -63,43 +68,32 @@ def ring_time(op: Op, size: float, span: GroupSpan) -> float:
 
 
 def tree_time(op: Op, size: float, span: GroupSpan) -> float:
-    """Double binary tree (all-reduce, broadcast): log-depth latency, the same bus bandwidth as the ring at size."""
+    """Double binary tree across nodes (all-reduce, broadcast): log-depth latency, TREE_BW_FACTOR of the ring's bus
+    bandwidth (Jeaugey 2019; NCCL's tuner)."""
     n = span.size
     if n <= 1:
         return 0.0
     depth = math.ceil(math.log2(n))
     steps = 2 * depth if op == "all_reduce" else depth
-    return steps * span.latency_s + busbw_factor(op, n) * size / span.busbw_Bps
+    return steps * span.latency_s + busbw_factor(op, n) * size / (TREE_BW_FACTOR * span.busbw_Bps)
 
 
 def _sub_span(span: GroupSpan, inside: bool) -> GroupSpan:
     """The intra-node part (the m members of one node) or the inter-node part (one member per node)."""
     if inside:
-        return GroupSpan(
-            span.per_node,
-            span.per_node,
-            1,
-            0,
-            "intra",
-            span.intra_busbw_Bps,
-            float("inf"),
-            span.intra_busbw_Bps,
-            span.latency_s if span.level == 0 else 0.0,
-            1,
+        return replace(
+            span,
+            size=span.per_node,
+            nodes=1,
+            level=0,
+            tier="intra",
+            busbw_Bps=span.intra_busbw_Bps,
+            inter_busbw_Bps=float("inf"),
+            latency_s=span.intra_latency_s,
+            hops=1,
         )
     per_nic = span.inter_busbw_Bps / span.per_node
-    return GroupSpan(
-        span.nodes,
-        1,
-        span.nodes,
-        span.level,
-        span.tier,
-        span.intra_busbw_Bps,
-        per_nic,
-        per_nic,
-        span.latency_s,
-        span.hops,
-    )
+    return replace(span, size=span.nodes, per_node=1, inter_busbw_Bps=per_nic, busbw_Bps=per_nic)
 
 
 def hierarchical_time(op: Op, size: float, span: GroupSpan) -> float:
@@ -110,9 +104,13 @@ def hierarchical_time(op: Op, size: float, span: GroupSpan) -> float:
     return inner + min(ring_time("all_reduce", outer, across), tree_time("all_reduce", outer, across))
 
 
-def nvls_time(op: Op, size: float, span: GroupSpan, busbw_Bps: float) -> float:
-    """NVLink SHARP inside one node: one multimem reduction round trip at the measured NVLS bus bandwidth."""
-    return 2 * span.latency_s + busbw_factor(op, span.size) * size / busbw_Bps
+def nvls_time(op: Op, size: float, span: GroupSpan, link_Bps: float) -> float:
+    """NVLink SHARP inside one node: the switch reduces (multimem.ld_reduce) and multicasts (multimem.st), so each
+    GPU moves its vector once plus its 1/n shard each way — S·(1+1/n) against a ring's 2(n-1)/n·S — at the link
+    bandwidth NVLS achieves. All-gather and reduce-scatter move (n-1)/n·S as a ring does, at that rate."""
+    n = span.size
+    volume = size * (1 + 1 / n) if op == "all_reduce" else size * (n - 1) / n
+    return 2 * span.latency_s + volume / link_Bps
 
 
 def sharp_time(op: Op, size: float, span: GroupSpan) -> float:
@@ -150,14 +148,14 @@ def candidates(op: Op, span: GroupSpan, net: InNetwork) -> dict[str, Callable[[f
     if op == "all_to_all":
         return {"direct": lambda s: all_to_all_time(s, span)}
     algos: dict[str, Callable[[float], float]] = {"ring": lambda s: ring_time(op, s, span)}
-    if op in ("all_reduce", "broadcast"):
+    if op in ("all_reduce", "broadcast") and span.level > 0:  # inside a node NCCL's tree is a chain
         algos["tree"] = lambda s: tree_time(op, s, span)
     if op == "all_reduce" and span.level > 0 and span.per_node > 1:
         algos["hierarchical"] = lambda s: hierarchical_time(op, s, span)
         if net.sharp:
             algos["sharp"] = lambda s: sharp_time(op, s, span)
-    if op in ("all_reduce", "all_gather", "reduce_scatter") and span.level == 0 and net.nvls_busbw_Bps:
-        bw = net.nvls_busbw_Bps
+    if op in ("all_reduce", "all_gather", "reduce_scatter") and span.level == 0 and net.nvls_link_Bps:
+        bw = net.nvls_link_Bps
         algos["nvls"] = lambda s: nvls_time(op, s, span, bw)
     return algos
 

@@ -67,6 +67,8 @@ class GroupSpan:
     """Bottleneck bus bandwidth per rank for a flat ring over the whole group, bytes/s."""
     latency_s: float
     """One-way small-message latency across the outermost tier crossed, seconds."""
+    intra_latency_s: float
+    """One-way small-message latency inside the node, seconds."""
     hops: int
     """Switch hops between the two farthest members (0 for a single rank)."""
 
@@ -134,7 +136,9 @@ class Fabric:
         if level == 0:
             bw = intra.busbw_Bps if len(arr) > 1 else float("inf")
             hops = 1 if len(arr) > 1 else 0
-            return GroupSpan(len(arr), per_node, 1, 0, intra.name, bw, float("inf"), bw, intra.latency_s, hops)
+            return GroupSpan(
+                len(arr), per_node, 1, 0, intra.name, bw, float("inf"), bw, intra.latency_s, intra.latency_s, hops
+            )
         crossed = self.tiers[1 : level + 1]
         # m rings, each crossing nodes on its own rail NIC; above the leaf, over-subscription divides it
         inter = min(per_node * t.busbw_Bps / (t.oversubscription if t.level > 1 else 1.0) for t in crossed)
@@ -148,9 +152,11 @@ class Fabric:
             intra_busbw_Bps=intra.busbw_Bps,
             inter_busbw_Bps=inter,
             busbw_Bps=ring,
-            # leaf = 1 switch hop, leaf-spine-leaf = 3, ...; a member on another rail adds an NVSwitch hop (PXN)
+            # leaf = 1 switch hop, leaf-spine-leaf = 3, ...; rails meet at the spine, so only under one leaf does a
+            # member on another rail cost an extra NVSwitch hop (PXN)
             latency_s=crossed[-1].latency_s,
-            hops=2 * level - 1 + (1 if per_node > 1 else 0),
+            intra_latency_s=intra.latency_s,
+            hops=2 * level - 1 + (1 if per_node > 1 and level == 1 else 0),
         )
 
     def _torus_span(self, arr: np.ndarray) -> GroupSpan:
@@ -168,17 +174,19 @@ class Fabric:
         half = np.where(torus.wraparound, np.minimum(extent - 1, dims // 2), extent - 1)
         hops = int(half.sum())
         nodes = len(np.unique(self.node_of(arr)))
+        latency = torus.latency_us * US
         return GroupSpan(
-            len(arr),
-            len(arr) // nodes,
-            nodes,
-            min(spanned, 1),
-            "ici",
-            bw,
-            bw,
-            bw,
-            torus.latency_us * US * max(1, hops),
-            hops,
+            size=len(arr),
+            per_node=len(arr) // nodes,
+            nodes=nodes,
+            level=min(spanned, 1),
+            tier="ici",
+            intra_busbw_Bps=bw,
+            inter_busbw_Bps=bw,
+            busbw_Bps=bw,
+            latency_s=latency * max(1, hops),
+            intra_latency_s=latency,
+            hops=hops,
         )
 
     # --- the graph ---------------------------------------------------------------------------------------------

@@ -93,8 +93,8 @@ def stage_params(plan: Plan, stage: int) -> StageParams:
     last = plan.layout.num_stages - 1
     if stage == 0:
         dense += m.vocab * m.hidden / tp
-    if stage == last:  # a tied head still keeps a copy on the last stage (Megatron's shared embedding)
-        dense += m.vocab * m.hidden / tp + m.hidden
+    if stage == last:  # a tied head keeps its own copy only on a different stage (Megatron's shared embedding)
+        dense += m.hidden + (m.vocab * m.hidden / tp if not (m.tied_embeddings and last == 0) else 0.0)
     return StageParams(dense, expert)
 
 

@@ -117,7 +117,7 @@ def _context(plan: Plan, cluster: Cluster, options: PredictOptions) -> _Context:
         fabric=Fabric(cluster),
         grid=RankGrid.from_layout(lay),
         device=Device.of(cluster, plan.training.dtype, min(lay.world_size, node.gpus)),
-        net=InNetwork(nvls_busbw_Bps=nvls, sharp=cluster.fabric.sharp),
+        net=InNetwork(nvls_link_Bps=nvls, sharp=cluster.fabric.sharp),
         options=options,
     )
 

@@ -1,0 +1,84 @@
+"""The fabric: group spans answered arithmetically agree with the networkx graph; tiers and bandwidths."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from plan.loader import load_cluster
+from plan.rank_grid import RankGrid
+from twin.fabric import Fabric
+
+
+@pytest.fixture(scope="module")
+def h100() -> Fabric:
+    return Fabric(load_cluster("dgx-h100-superpod"))
+
+
+@pytest.mark.parametrize(
+    ("ranks", "level", "tier"),
+    [
+        ([0, 1, 2, 3, 4, 5, 6, 7], 0, "nvlink4"),
+        ([0, 8], 1, "leaf"),  # same rail, same scalable unit of 32 nodes
+        ([0, 8 * 32], 2, "spine"),  # next scalable unit
+        ([0, 8 * 128], 3, "core"),  # next spine group of 128 nodes
+    ],
+)
+def test_span_levels(h100: Fabric, ranks: list[int], level: int, tier: str) -> None:
+    s = h100.span(ranks)
+    assert (s.level, s.tier) == (level, tier)
+
+
+def test_arithmetic_hops_match_graph_shortest_paths(h100: Fabric) -> None:
+    rng = np.random.default_rng(0)
+    pairs = [(0, 8), (0, 256), (0, 1024), (0, 16383), (3, 3 + 8 * 200), (0, 7), (0, 9)]
+    pairs += [tuple(int(x) for x in rng.choice(16384, 2, replace=False)) for _ in range(20)]
+    for a, b in pairs:
+        if a % 8 != b % 8 and a // 8 != b // 8:
+            continue  # cross-rail pairs hop through an NVSwitch first (PXN); checked below
+        assert h100.span([a, b]).hops == h100.graph_hops(a, b), (a, b)
+
+
+@pytest.mark.parametrize("group", [[0, 1, 8 * 40, 8 * 40 + 1], [0, 1, 8 * 3, 8 * 3 + 1], [0, 8, 16, 24]])
+def test_group_hops_are_the_farthest_pair(h100: Fabric, group: list[int]) -> None:
+    worst = max(h100.graph_hops(a, b) for a, b in itertools.combinations(group, 2))
+    assert h100.span(group).hops == worst
+
+
+def test_dp_group_of_rail_optimized_layout_runs_at_nic_speed(h100: Fabric) -> None:
+    grid = RankGrid(dp=64, tp=8, pp=4, cp=1, ep=1)
+    dp = h100.span(grid.group_of(0, "dp"))
+    cluster = load_cluster("dgx-h100-superpod")
+    nic = cluster.fabric.tiers[0].bandwidth_GBps * cluster.fabric.tiers[0].efficiency * 1e9
+    assert dp.per_node == 1 and dp.busbw_Bps == pytest.approx(nic)
+    tp = h100.span(grid.group_of(0, "tp"))
+    assert tp.level == 0 and tp.busbw_Bps > 5 * dp.busbw_Bps
+
+
+def test_oversubscription_divides_cross_pod_bandwidth() -> None:
+    meta = Fabric(load_cluster("meta-24k-h100-roce"))
+    in_pod = meta.span([0, 8 * 100])
+    across = meta.span([0, 8 * 400])  # pods are 384 nodes; aggregation is 1:7
+    assert across.busbw_Bps == pytest.approx(in_pod.busbw_Bps / 7)
+
+
+def test_torus_span_counts_dimensions_and_hops() -> None:
+    tpu = Fabric(load_cluster("tpu-v5p-pod"))
+    line = tpu.span(list(range(16)))  # one full x ring
+    plane = tpu.span([x + 16 * y for y in range(4) for x in range(16)])
+    assert plane.busbw_Bps == pytest.approx(2 * line.busbw_Bps)
+    assert line.hops == 8  # the farthest chip on a 16-ring is 8 hops away
+    assert tpu.graph_hops(0, 8) == 8
+
+
+def test_graph_of_a_16k_fabric(h100: Fabric) -> None:
+    g = h100.graph
+    assert sum(1 for v in g if v[0] == "gpu") == 16384
+    assert sum(1 for v in g if v[0] == "leaf") == 8 * 64  # a rail leaf per rail per scalable unit
+
+
+def test_span_is_cached(h100: Fabric) -> None:
+    group = list(range(0, 8 * 64, 8))
+    assert h100.span(group) is h100.span(group)

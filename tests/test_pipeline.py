@@ -1,0 +1,108 @@
+"""Pipeline schedules and the SimPy step: closed-form bubbles, valid orders, memory in flight."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from twin.pipeline import ActionCost, PipelineInput, simulate
+from twin.schedules import build, peak_live, splits_weight_grad, stage_rank
+
+SCHEDULES = [("gpipe", 1), ("1f1b", 1), ("interleaved-1f1b", 2), ("zb-h1", 1), ("zbv", 2), ("dualpipe-v", 2)]
+
+
+def uniform(
+    name: str, p: int, v: int, m: int, f: float = 1.0, b: float = 1.0, w: float = 1.0, p2p: float = 0.0
+) -> float:
+    """Step time with every stage costing the same, total work f + b + w per microbatch per rank."""
+    orders = build(name, p, v, m)
+    stages = p * v
+    split = splits_weight_grad(name)
+    costs = {}
+    for s in range(stages):
+        costs[("F", s)] = ActionCost(compute=f / v)
+        costs[("B", s)] = ActionCost(compute=(b if split else b + w) / v)
+        if split:
+            costs[("W", s)] = ActionCost(compute=w / v)
+    sends = {(a, c): p2p for a in range(stages) for c in (a - 1, a + 1)}
+    ranks = tuple(stage_rank(name, p, s) for s in range(stages))
+    return simulate(PipelineInput(orders, ranks, costs, sends, split)).step_s
+
+
+@pytest.mark.parametrize("name,v", SCHEDULES)
+@pytest.mark.parametrize("p,m", [(2, 4), (4, 8), (4, 12), (8, 16)])
+def test_every_action_runs_once(name: str, v: int, p: int, m: int) -> None:
+    orders = build(name, p, v, m)
+    kinds = "FBW" if splits_weight_grad(name) else "FB"
+    counts = Counter((a.kind, a.microbatch, a.stage) for order in orders for a in order)
+    assert set(counts.values()) == {1}
+    assert len(counts) == len(kinds) * m * p * v
+    for r, order in enumerate(orders):
+        assert all(stage_rank(name, p, a.stage) == r for a in order)
+
+
+@pytest.mark.parametrize("p", [2, 4, 8, 16])
+@pytest.mark.parametrize("m", [1, 2, 4, 8, 16, 32, 64])
+@pytest.mark.parametrize("name", ["1f1b", "gpipe"])
+def test_1f1b_bubble_is_closed_form(name: str, p: int, m: int) -> None:
+    step = uniform(name, p, 1, m, f=1.0, b=2.0, w=0.0)
+    ideal = 3.0 * m
+    assert (step - ideal) / step == pytest.approx((p - 1) / (m + p - 1), abs=1e-9)
+
+
+@pytest.mark.parametrize("p", [2, 4, 8])
+@pytest.mark.parametrize("v", [2, 4])
+@pytest.mark.parametrize("mult", [1, 2, 4])
+def test_interleaving_divides_the_bubble_by_about_v(p: int, v: int, mult: int) -> None:
+    m = p * mult  # Megatron's interleaved schedule needs microbatches in multiples of pp
+    plain = (uniform("1f1b", p, 1, m, 1, 2, 0) - 3 * m) / (3 * m)  # bubble relative to ideal: (p-1)/m
+    inter = (uniform("interleaved-1f1b", p, v, m, 1, 2, 0) - 3 * m) / (3 * m)
+    assert inter == pytest.approx((p - 1) / (v * m), rel=1e-9)  # Narayanan et al. 2021, §2.2.2
+    assert plain / inter == pytest.approx(v, rel=1e-9)
+
+
+@pytest.mark.parametrize("p,m", [(2, 4), (4, 8), (4, 16), (8, 16), (8, 32), (16, 32)])
+def test_zero_bubble_schedules_beat_1f1b(p: int, m: int) -> None:
+    one_f_one_b = uniform("1f1b", p, 1, m)
+    assert uniform("zb-h1", p, 1, m) < one_f_one_b
+    assert uniform("zbv", p, 2, m) < uniform("zb-h1", p, 1, m) <= one_f_one_b
+
+
+def test_zb_h1_reaches_the_paper_bubble_when_w_is_free() -> None:
+    # with W costing nothing, ZB-H1's (p-1)(F+B-W) bubble equals 1F1B's (p-1)(F+B): no worse
+    assert uniform("zb-h1", 4, 1, 8, 1, 1, 0) == pytest.approx(uniform("1f1b", 4, 1, 8, 1, 1, 0))
+
+
+@pytest.mark.parametrize("p,m", [(2, 4), (4, 8), (4, 32), (8, 16)])
+def test_p2p_time_lengthens_the_step_between_its_bounds(p: int, m: int) -> None:
+    delta = 0.1
+    extra = uniform("1f1b", p, 1, m, p2p=delta) - uniform("1f1b", p, 1, m)
+    # at least the fill and drain chains (p-1 sends each way); at most a round trip in every one of the
+    # m + p - 1 slots, since 1F1B's warm-up of p-1-r forwards leaves no slack for the wire
+    assert 2 * (p - 1) * delta - 1e-9 <= extra <= 2 * (m + p - 1) * delta + 1e-9
+
+
+@pytest.mark.parametrize("p,m", [(4, 8), (8, 16)])
+def test_activations_in_flight(p: int, m: int) -> None:
+    ones = {s: 1.0 for s in range(p)}
+    one_f_one_b = [peak_live(o, ones) for o in build("1f1b", p, 1, m)]
+    assert one_f_one_b == [float(p - r) for r in range(p)]  # stage r holds p - r microbatches
+    assert [peak_live(o, ones) for o in build("gpipe", p, 1, m)] == [float(m)] * p
+    halves = {s: 0.5 for s in range(2 * p)}  # two chunks per rank, each half its layers
+    interleaved = peak_live(build("interleaved-1f1b", p, 2, m)[0], halves)
+    assert interleaved == pytest.approx(p * (1 + (p - 1) / (2 * p)))  # Narayanan et al. 2021, §2.2.2
+    zbv = [peak_live(o, halves, kept_for_w=0.0) for o in build("zbv", p, 2, m)]
+    assert max(zbv) <= p + 0.5  # ZB-V keeps 1F1B's activation memory (Qi et al. 2024)
+
+
+def test_dp_reduction_overlaps_the_last_backward() -> None:
+    orders = build("1f1b", 1, 1, 4)
+    costs = {("F", 0): ActionCost(compute=1.0), ("B", 0): ActionCost(compute=2.0)}
+    base = PipelineInput(orders, (0,), costs, {}, False, optimizer_s={0: 0.5})
+    hidden = simulate(PipelineInput(orders, (0,), costs, {}, False, dp_stage_s={0: 1.0}, optimizer_s={0: 0.5}))
+    exposed = simulate(PipelineInput(orders, (0,), costs, {}, False, dp_stage_s={0: 8.0}, optimizer_s={0: 0.5}))
+    free = simulate(base)
+    # four buckets ready every 0.5 s of the last 2 s backward: 1 s of reduction leaves one bucket (0.25 s) exposed
+    assert hidden.step_s == pytest.approx(free.step_s + 0.25)
+    assert exposed.ranks[0].dp == pytest.approx(8.0 - 1.5)
