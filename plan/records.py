@@ -11,12 +11,14 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Annotated, Any, Final, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Final, Literal
 
-import pandas as pd
 from pydantic import Field, NonNegativeFloat, NonNegativeInt, TypeAdapter, ValidationError
 
 from plan.schema import Plan, Section
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 RECORD_SCHEMA_VERSION: Final = 1
 
@@ -230,6 +232,8 @@ def read_manifest(run_dir: Path) -> RunManifest:
 
 def steps_frame(path: Path) -> pd.DataFrame:
     """The step records of a records.jsonl file as a table, one row per (step, rank), phases as columns."""
+    import pandas as pd  # imported here: it costs a quarter second that `twin predict` need not pay
+
     rows = []
     for rec in iter_records(path):
         if isinstance(rec, StepRecord):
