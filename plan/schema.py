@@ -229,6 +229,23 @@ class Reliability(Section):
     """Time to restart the gang after a failure is detected: reschedule, re-init, load (minutes)."""
     keep_checkpoints: PositiveInt = 3
     """Checkpoints kept on storage; older ones are deleted after a newer one commits (count)."""
+    in_memory_flush_min: PositiveFloat = 60.0
+    """With in-memory checkpoints, minutes between flushes of the in-memory copy to storage."""
+    heartbeat_timeout_s: PositiveFloat = 60.0
+    """Seconds without a heartbeat before a rank is declared dead (crashes are found this fast)."""
+    watchdog_timeout_s: PositiveFloat = 600.0
+    """Collective watchdog timeout: a hung rank is found only this late (PyTorch's NCCL default is 10 minutes)."""
+    provision_min: PositiveFloat = 15.0
+    """Minutes to bring a cold node from the cluster's free pool into the job (allocate, health-check); a hot
+    spare skips this."""
+    sdc_check_interval_min: float = Field(default=0.0, ge=0)
+    """Minutes between silent-data-corruption checks (cross-replica checksums); 0 = none, found by loss spikes."""
+    sdc_check_s: float = Field(default=30.0, ge=0)
+    """Training stall of one SDC check (seconds)."""
+    elastic: bool = False
+    """When no replacement node is left, shrink data parallelism and go on, instead of waiting for repairs."""
+    fence_after: PositiveInt = 2
+    """Failures after which a node is fenced off for good instead of returning after repair (count)."""
     failure_rates: dict[str, float] | None = None
     """Overrides of the cluster's failure rates: component -> failures per node-day."""
 

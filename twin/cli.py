@@ -206,6 +206,30 @@ def show_prediction(pred: Any, trace: Path | None) -> None:
         console.print(f"trace written to {trace} (open in ui.perfetto.dev)")
 
 
+@app.command("run")
+@user_errors
+def run_command(
+    plan: PlanArg,
+    overrides: SetOpt = None,
+    as_json: JsonOpt = False,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the first run.")] = 0,
+    seeds: Annotated[int, typer.Option("--seeds", min=1, help="Runs to simulate; >1 reports mean and 5th/95th.")] = 1,
+    sweep_checkpoint: Annotated[
+        bool, typer.Option("--sweep-checkpoint", help="Goodput against checkpoint interval, optimum vs Young/Daly.")
+    ] = False,
+) -> None:
+    """Simulate the whole training run: failures, checkpoints, recovery, goodput, cost and energy."""
+    from twin import run_report
+
+    p = loader.load(plan, overrides or [])
+    if sweep_checkpoint:
+        run_report.sweep(p, seed, seeds, as_json)
+    elif seeds > 1:
+        run_report.many(p, seed, seeds, as_json)
+    else:
+        run_report.single(p, seed, as_json)
+
+
 @app.command()
 def schema(
     kind: Annotated[str, typer.Argument(help="plan, cluster or record.")] = "plan",

@@ -1,0 +1,403 @@
+"""A whole training run in SimPy: failures by component, detection, recovery, checkpoints, spares, stragglers.
+
+Simulated at the granularity of what changes the run, not step by step (shared/DESIGN.md): the job is a process
+that trains between checkpoints at the step model's rate; one process per failure cause draws that cause's
+failures and interrupts it (SimPy's machine-shop pattern); repairs return nodes to the spare pool; slow nodes
+change the training rate until the per-rank step-time check quarantines them. Useful work is measured in seconds
+of training at the healthy step time, so goodput (ETTR) is useful time over wall time.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Callable, Generator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import simpy
+
+from plan.cluster import Cluster
+from plan.schema import Plan
+from twin.reliability import CORRELATED, HANG_CAUSES, CheckpointCost
+
+SDC_LATENCY_S = 6 * 3600.0
+"""Assumption: without periodic checks, a silent corruption surfaces as a loss spike or divergence hours later
+(Llama 3 §3.3.4 and Dixit et al. 2021 describe SDC found through training anomalies; no published latency)."""
+
+STRAGGLER_WINDOW_STEPS = 20
+"""Steps the per-rank step-time check averages before it flags a slow rank (the executor's running window)."""
+
+
+@dataclass(frozen=True)
+class Hit:
+    """Something that stops the job."""
+
+    cause: str
+    nodes: int
+    """Nodes it takes out of the job (replaced from spares)."""
+    loses_work: bool = True
+    """False for planned maintenance and quarantines, which checkpoint first."""
+    corrupted_at: float | None = None
+    """For silent data corruption: the training progress (s) when the data went bad."""
+
+
+@dataclass(frozen=True)
+class SpeedChange:
+    """A slow node joins or leaves: the training rate changes, nothing is lost."""
+
+
+@dataclass(frozen=True)
+class Segment:
+    """Training from wall time `start` at `progress`, with checkpoints at next_ckpt, next_ckpt + interval, ... up
+    to (not at) `end`, each stalling `stall` seconds, at `rate` useful seconds per wall second."""
+
+    start: float
+    progress: float
+    next_ckpt: float
+    interval: float
+    stall: float
+    rate: float
+    end: float
+
+    def checkpoints(self) -> int:
+        """Checkpoints before the end of training."""
+        if self.next_ckpt >= self.end:
+            return 0
+        return math.floor((self.end - self.next_ckpt) / self.interval - 1e-12) + 1
+
+    def wall_to_end(self) -> float:
+        return (self.end - self.progress) / self.rate + self.checkpoints() * self.stall
+
+    def after(self, elapsed: float) -> tuple[float, list[tuple[float, float]]]:
+        """Progress after `elapsed` wall seconds, and the checkpoints completed by then as (progress, wall)."""
+        n = self.checkpoints()
+        first = (self.next_ckpt - self.progress) / self.rate
+        if n == 0 or elapsed < first:
+            return min(self.end, self.progress + elapsed * self.rate), []
+        cycle = self.interval / self.rate + self.stall
+        since = elapsed - first
+        j = min(n - 1, int(since // cycle))
+        within = since - j * cycle
+        done = j + 1 if within >= self.stall else j  # checkpoint j completes once its stall is over
+        taken = [(self.next_ckpt + k * self.interval, self.start + first + self.stall + k * cycle) for k in range(done)]
+        at = self.next_ckpt + j * self.interval
+        progress = at if within < self.stall else at + (within - self.stall) * self.rate
+        return min(self.end, progress), taken
+
+
+@dataclass(frozen=True)
+class RunSetup:
+    """What the run simulation needs, derived once from the plan, its cluster and its step time."""
+
+    plan: Plan
+    cluster: Cluster
+    step_s: float
+    useful_s: float
+    """Training time the run needs at the healthy step time (seconds)."""
+    interval_s: float
+    """Training seconds between checkpoints."""
+    ckpt: CheckpointCost
+    rates: dict[str, float]
+    """Job failures per second, by cause."""
+    job_nodes: int
+    free_nodes: int
+    """Healthy cluster nodes beyond the job and its hot spares (the cold pool)."""
+    leaf_nodes: int
+    step_for_dp: Callable[[int], float]
+    """Step time with fewer data-parallel replicas (elastic shrink), from the step model."""
+
+
+@dataclass
+class Tally:
+    """What the run spent its wall time on, and what happened (seconds and counts)."""
+
+    lost_work_s: float = 0.0
+    restart_s: float = 0.0
+    wait_s: float = 0.0
+    stall_s: float = 0.0
+    sdc_check_s: float = 0.0
+    degraded_s: float = 0.0
+    """Wall time lost to training slower than healthy: slow nodes, shrunk data parallelism."""
+    checkpoints: int = 0
+    causes: Counter[str] = field(default_factory=Counter)
+    events: list[dict[str, Any]] = field(default_factory=list)
+
+
+class RunSim:
+    """One seeded simulation of the whole run."""
+
+    def __init__(self, setup: RunSetup, seed: int) -> None:
+        self.s = setup
+        self.policy = setup.plan.reliability
+        self.env = simpy.Environment()
+        self.rng = np.random.default_rng(seed)
+        self.progress = 0.0
+        self.segment: Segment | None = None
+        self.next_ckpt = setup.interval_s
+        # checkpoints taken: (progress, wall time durable on storage, wall time held in a peer's memory)
+        self.saved: list[tuple[float, float, float]] = [(0.0, 0.0, 0.0)]
+        self.last_flush = 0.0
+        self.hot = self.policy.hot_spares
+        self.cold = setup.free_nodes
+        self.dp = setup.plan.layout.dp
+        self.slow = 1.0
+        self.corruptions: list[float] = []
+        self.node_failures: Counter[int] = Counter()
+        self.returned = self.env.event()
+        self.t = Tally()
+        self.done = False
+        self.job = self.env.process(self.train())
+        for cause, rate in setup.rates.items():
+            self.env.process(self.failures(cause, rate))
+        slow_rate = setup.cluster.stragglers.slow_node_rate_per_node_day * setup.job_nodes / 86400
+        if slow_rate > 0 and setup.cluster.stragglers.slow_node_slowdown > 1:
+            self.env.process(self.slow_nodes(slow_rate))
+
+    # --- the job ------------------------------------------------------------------------------------------------
+
+    def rate(self) -> float:
+        """Useful seconds of training per wall second now (periodic SDC checks take their share)."""
+        rate = self.s.step_s / (self.s.step_for_dp(self.dp) * self.slow)
+        check = self.policy.sdc_check_interval_min * 60
+        return rate * check / (check + self.policy.sdc_check_s * rate) if check > 0 else rate
+
+    def log(self, event: str, **detail: Any) -> None:
+        self.t.events.append({"time_h": self.env.now / 3600, "event": event, **detail})
+
+    def train(self) -> Generator[Any, Any, None]:
+        """Train to the end, interrupted by failures and rate changes. Checkpoints between two interruptions are
+        not events: `Segment` works out arithmetically which were taken and when each became durable."""
+        self.next_ckpt = self.s.interval_s
+        while self.progress < self.s.useful_s:
+            seg = Segment(
+                self.env.now,
+                self.progress,
+                self.next_ckpt,
+                self.s.interval_s,
+                self.s.ckpt.stall_s,
+                self.rate(),
+                self.s.useful_s,
+            )
+            self.segment = seg
+            try:
+                yield self.env.timeout(seg.wall_to_end())
+                self.close(seg, seg.wall_to_end())
+            except simpy.Interrupt as stop:
+                self.close(seg, self.env.now - seg.start)
+                if isinstance(stop.cause, Hit):
+                    yield from self.recover(stop.cause)
+                    self.next_ckpt = self.progress + self.s.interval_s
+        self.done = True
+        self.log("finished")
+
+    def close(self, seg: Segment, elapsed: float) -> None:
+        """Book what a segment did in `elapsed` wall seconds: progress, checkpoints taken, stalls, slow time."""
+        progress, taken = seg.after(elapsed)
+        for ckpt_progress, completed_wall in taken:
+            self.record_checkpoint(ckpt_progress, completed_wall)
+        stalls = len(taken) * seg.stall
+        healthy = self.s.step_s / self.s.step_for_dp(self.s.plan.layout.dp)
+        self.t.stall_s += stalls
+        self.t.degraded_s += (elapsed - stalls) * (1 - seg.rate / healthy)
+        self.progress = progress
+        self.next_ckpt = taken[-1][0] + seg.interval if taken else seg.next_ckpt
+        self.segment = None
+
+    def record_checkpoint(self, progress: float, wall: float) -> None:
+        """A checkpoint finished its stall at `wall`: when is it durable on storage, and in a peer's memory."""
+        kind, ckpt = self.policy.checkpoint, self.s.ckpt
+        self.t.checkpoints += 1
+        if kind == "sync":
+            self.saved.append((progress, wall, wall))
+        elif kind == "async":
+            self.saved.append((progress, wall + ckpt.write_s, float("inf")))
+        else:
+            flush = wall - self.last_flush >= self.policy.in_memory_flush_min * 60
+            if flush:
+                self.last_flush = wall
+            storage = wall + ckpt.size_bytes / self._write_Bps() if flush else float("inf")
+            self.saved.append((progress, storage, wall + ckpt.write_s))
+
+    def _write_Bps(self) -> float:
+        storage, nodes = self.s.cluster.storage, self.s.job_nodes
+        return min(storage.write_GBps, nodes * storage.per_node_write_GBps) * 1e9
+
+    def wait(self, seconds: float) -> Generator[Any, Any, None]:
+        """A stall that a rate change does not cut short; a failure propagates."""
+        end = self.env.now + seconds
+        while self.env.now < end:
+            try:
+                yield self.env.timeout(end - self.env.now)
+            except simpy.Interrupt as stop:
+                if not isinstance(stop.cause, SpeedChange):
+                    raise
+
+    def current_progress(self) -> float:
+        if self.segment is None:
+            return self.progress
+        return self.segment.after(self.env.now - self.segment.start)[0]
+
+    # --- recovery -----------------------------------------------------------------------------------------------
+
+    def restore_point(self, hit: Hit) -> tuple[float, float]:
+        """(progress to resume from, seconds to load it) after `hit`: the newest checkpoint that is durable now —
+        on storage, or in a peer's memory if the failure spared the peer — and older than any corruption."""
+        limit = hit.corrupted_at if hit.corrupted_at is not None else float("inf")
+        memory_ok = self.policy.checkpoint == "in-memory" and hit.cause not in CORRELATED
+        for progress, on_storage, in_memory in reversed(self.saved):
+            if progress > limit:
+                continue
+            if on_storage <= self.env.now:
+                return progress, self.s.ckpt.restore_s
+            if memory_ok and in_memory <= self.env.now:
+                return progress, self.s.ckpt.restore_memory_s
+        return 0.0, 0.0
+
+    def recover(self, first: Hit) -> Generator[Any, Any, None]:
+        """Detect, replace nodes, restart and reload; a failure during recovery starts it over."""
+        pending = [first]
+        while pending:
+            hit = pending.pop()
+            point, load_s = self.restore_point(hit)
+            if not hit.loses_work:  # it checkpointed first
+                point, load_s = self.progress, self.s.ckpt.restore_s
+            lost = max(0.0, self.progress - point)
+            self.progress = point
+            self.t.lost_work_s += lost
+            while len(self.saved) > 1 and self.saved[-1][0] > point:  # checkpoints past the restore point are gone
+                self.saved.pop()
+            if hit.cause == "sdc":
+                self.corruptions = [c for c in self.corruptions if c > point]
+            self.log("interrupt", cause=hit.cause, lost_h=lost / 3600, nodes=hit.nodes)
+            start = self.env.now
+            try:
+                yield from self.wait(self.detection_s(hit))
+                provision = yield from self.replace(hit.nodes)
+                yield from self.wait(self.policy.restart_min * 60 + provision + load_s)
+            except simpy.Interrupt as again:
+                if isinstance(again.cause, Hit):
+                    pending.append(again.cause)
+            finally:
+                self.t.restart_s += self.env.now - start
+        self.log("resumed", progress_h=self.progress / 3600, dp=self.dp)
+
+    def detection_s(self, hit: Hit) -> float:
+        if hit.cause in ("planned", "straggler", "sdc"):
+            return 0.0  # announced, flagged by the step-time check, or found by the check or the loss spike
+        if hit.cause in HANG_CAUSES:
+            return self.policy.watchdog_timeout_s
+        return self.policy.heartbeat_timeout_s
+
+    def replace(self, nodes: int) -> Generator[Any, Any, float]:
+        """Swap in `nodes` replacements: hot spares first, then cold nodes (which need provisioning), then shrink
+        data parallelism (elastic) or wait for repairs. Returns the provisioning delay."""
+        from_hot = min(self.hot, nodes)
+        self.hot -= from_hot
+        short = nodes - from_hot
+        from_cold = min(self.cold, short)
+        self.cold -= from_cold
+        short -= from_cold
+        target = self.s.plan.layout.dp
+        if short and self.policy.elastic:
+            self.dp = max(1, self.dp - short)  # each missing node takes one replica out
+            self.log("shrink", dp=self.dp)
+            short = 0
+        elif self.dp < target and self.cold + self.hot > 0:  # grow back what repairs returned
+            grow = min(target - self.dp, self.cold + self.hot)
+            taken = min(self.cold, grow)
+            self.cold -= taken
+            self.hot -= grow - taken
+            self.dp += grow
+        start = self.env.now
+        while short:
+            yield self.returned
+            take = min(short, self.hot + self.cold)
+            hot = min(self.hot, take)
+            self.hot, self.cold, short = self.hot - hot, self.cold - (take - hot), short - take
+        self.t.wait_s += self.env.now - start
+        return self.policy.provision_min * 60 if from_cold or self.env.now > start else 0.0
+
+    # --- the fleet ----------------------------------------------------------------------------------------------
+
+    def gap(self, rate: float) -> float:
+        """Time to the next failure of one cause: exponential, or Weibull of the same mean (cluster's shape)."""
+        shape = self.s.cluster.failures.weibull_shape
+        if shape == 1.0:
+            return float(self.rng.exponential(1 / rate))
+        from math import gamma
+
+        return float(self.rng.weibull(shape)) / (rate * gamma(1 + 1 / shape))
+
+    def failures(self, cause: str, rate: float) -> Generator[Any, Any, None]:
+        while not self.done:
+            yield self.env.timeout(self.gap(rate))
+            if self.done:
+                return
+            self.t.causes[cause] += 1
+            if cause == "planned":
+                self.strike(Hit("planned", 0, loses_work=False))
+                continue
+            nodes = self.s.leaf_nodes if cause in CORRELATED else 1
+            for _ in range(nodes):
+                self.env.process(self.repair(int(self.rng.integers(self.s.job_nodes))))
+            if cause == "sdc":
+                self.env.process(self.surface(self.current_progress()))
+            else:
+                self.strike(Hit(cause, nodes))
+
+    def strike(self, hit: Hit) -> None:
+        if not self.done and self.job.is_alive:
+            self.job.interrupt(hit)
+
+    def surface(self, corrupted_at: float) -> Generator[Any, Any, None]:
+        """A corruption is found at the next periodic check, or without checks as a loss spike hours later; the
+        run then rolls back past it."""
+        self.corruptions.append(corrupted_at)
+        check = self.policy.sdc_check_interval_min * 60
+        if check > 0:  # checks every `check` seconds of training: the next one is this far ahead
+            delay = (check - corrupted_at % check) / self.rate()
+        else:
+            delay = float(self.rng.exponential(SDC_LATENCY_S))
+        yield self.env.timeout(delay)
+        if corrupted_at in self.corruptions:
+            self.strike(Hit("sdc", 1, True, corrupted_at))
+
+    def repair(self, node: int) -> Generator[Any, Any, None]:
+        self.node_failures[node] += 1
+        if self.node_failures[node] >= self.policy.fence_after:
+            self.log("fenced", node=node)
+            return
+        yield self.env.timeout(self.s.cluster.failures.repair_hours * 3600)
+        if self.hot < self.policy.hot_spares:
+            self.hot += 1
+        else:
+            self.cold += 1
+        self.returned.succeed()
+        self.returned = self.env.event()
+
+    def slow_nodes(self, rate: float) -> Generator[Any, Any, None]:
+        slowdown = self.s.cluster.stragglers.slow_node_slowdown
+        while not self.done:
+            yield self.env.timeout(float(self.rng.exponential(1 / rate)))
+            if self.done or self.slow > 1:
+                continue
+            self.slow = slowdown
+            self.strike_speed()
+            self.log("slow node", slowdown=slowdown)
+            yield self.env.timeout(STRAGGLER_WINDOW_STEPS * self.s.step_s * slowdown)
+            self.slow = 1.0
+            self.strike_speed()
+            self.t.causes["straggler"] += 1
+            self.env.process(self.repair(int(self.rng.integers(self.s.job_nodes))))
+            self.strike(Hit("straggler", 1, loses_work=False))
+
+    def strike_speed(self) -> None:
+        if not self.done and self.job.is_alive:
+            self.job.interrupt(SpeedChange())
+
+    def run(self) -> Tally:
+        """Run to the end of training."""
+        self.env.run(until=self.job)
+        return self.t

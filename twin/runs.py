@@ -1,0 +1,228 @@
+"""Whole-run predictions: set a run up from a plan and its step model, run one seed or many, sweep the checkpoint
+interval. The simulation itself is twin/run.py."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass, field, replace
+from functools import lru_cache
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from plan import loader
+from plan.cluster import Cluster
+from plan.loader import PlanError
+from plan.schema import Plan
+from twin.predict import predict
+from twin.reliability import checkpoint_cost, daly_interval_s, job_failure_rates, young_interval_s
+from twin.run import RunSetup, RunSim
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+
+@dataclass(frozen=True)
+class RunPrediction:
+    """A whole training run, simulated."""
+
+    plan: str
+    seed: int
+    wall_days: float
+    ideal_days: float
+    """Days the run would take with no failure, checkpoint or slow node."""
+    goodput: float
+    """Useful training time over wall time (effective training time ratio, ETTR)."""
+    mtbf_hours: float
+    """Wall hours per interruption."""
+    interruptions: dict[str, int]
+    checkpoints: int
+    checkpoint_interval_min: float
+    lost_work_hours: float
+    restart_hours: float
+    """Detection, node replacement, restart and reload, waits for repairs included."""
+    wait_hours: float
+    """Part of restart_hours spent waiting for repaired nodes (gang scheduling with no spare left)."""
+    checkpoint_stall_hours: float
+    degraded_hours: float
+    """Wall time lost to training slower than healthy (slow nodes, shrunk data parallelism)."""
+    cost_usd: float
+    energy_mwh: float
+    events: list[dict[str, Any]] = field(repr=False)
+
+    def events_frame(self) -> pd.DataFrame:
+        """The event log as a table (time in hours)."""
+        import pandas as pd
+
+        return pd.DataFrame(self.events)
+
+    def to_json(self) -> dict[str, Any]:
+        out = asdict(self)
+        out.pop("events")
+        return out
+
+
+def _step_for_dp(plan: Plan, cluster: Cluster, step_s: float) -> Callable[[int], float]:
+    """Step time when only `dp` replicas are left, from the step model, at the same tokens per step."""
+    lay = plan.layout
+
+    @lru_cache(maxsize=64)
+    def step(dp: int) -> float:
+        if dp >= lay.dp:
+            return step_s
+        per = dp * lay.microbatch_size * (lay.pp if lay.schedule == "interleaved-1f1b" else 1)
+        batch = -(-plan.training.global_batch // per) * per
+        try:
+            shrunk = loader.validate_plan(
+                {
+                    **plan.model_dump(mode="json"),
+                    "layout": {**lay.model_dump(mode="json"), "dp": dp, "ep": 1 if dp % lay.ep else lay.ep},
+                    "training": {**plan.training.model_dump(mode="json"), "global_batch": batch},
+                },
+                "elastic shrink",
+            )
+        except PlanError:
+            return step_s * lay.dp / dp
+        return predict(shrunk, cluster).step_time_s * plan.training.global_batch / batch
+
+    return step
+
+
+def setup(plan: Plan, cluster: Cluster | None = None, step_s: float | None = None) -> RunSetup:
+    """Everything the run simulation needs for `plan`."""
+    cluster = cluster or loader.plan_cluster(plan)
+    step_s = step_s if step_s is not None else predict(plan, cluster).step_time_s
+    ckpt = checkpoint_cost(plan, cluster)
+    rates = job_failure_rates(plan, cluster)
+    interval = plan.reliability.checkpoint_interval_min
+    interval_s = daly_interval_s(ckpt.stall_s, 1 / sum(rates.values())) if interval == "auto" else interval * 60
+    job_nodes = -(-plan.layout.world_size // cluster.node.gpus)
+    return RunSetup(
+        plan=plan,
+        cluster=cluster,
+        step_s=step_s,
+        useful_s=plan.total_steps * step_s,
+        interval_s=interval_s,
+        ckpt=ckpt,
+        rates=rates,
+        job_nodes=job_nodes,
+        free_nodes=max(0, cluster.nodes - job_nodes - plan.reliability.hot_spares),
+        leaf_nodes=cluster.fabric.tiers[0].span_nodes if cluster.fabric.tiers else 1,
+        step_for_dp=_step_for_dp(plan, cluster, step_s),
+    )
+
+
+def simulate_run(run_setup: RunSetup, seed: int = 0) -> RunPrediction:
+    """One seeded run."""
+    sim = RunSim(run_setup, seed)
+    tally = sim.run()
+    wall = sim.env.now
+    plan, cluster = run_setup.plan, run_setup.cluster
+    held_nodes = run_setup.job_nodes + plan.reliability.hot_spares
+    interruptions = dict(sorted(tally.causes.items()))
+    count = sum(interruptions.values())
+    hours = wall / 3600
+    return RunPrediction(
+        plan=plan.name,
+        seed=seed,
+        wall_days=wall / 86400,
+        ideal_days=run_setup.useful_s / 86400,
+        goodput=run_setup.useful_s / wall,
+        mtbf_hours=hours / count if count else float("inf"),
+        interruptions=interruptions,
+        checkpoints=tally.checkpoints,
+        checkpoint_interval_min=run_setup.interval_s / 60,
+        lost_work_hours=tally.lost_work_s / 3600,
+        restart_hours=tally.restart_s / 3600,
+        wait_hours=tally.wait_s / 3600,
+        checkpoint_stall_hours=(tally.stall_s + tally.sdc_check_s) / 3600,
+        degraded_hours=tally.degraded_s / 3600,
+        cost_usd=held_nodes * cluster.node.gpus * hours * cluster.economics.usd_per_gpu_hour,
+        energy_mwh=held_nodes * cluster.node.power_kW * hours * cluster.economics.pue / 1000,
+        events=tally.events,
+    )
+
+
+def run(plan: Plan, seed: int = 0) -> RunPrediction:
+    """Simulate the whole run of `plan` once."""
+    return simulate_run(setup(plan), seed)
+
+
+SUMMARY_FIELDS = (
+    "wall_days",
+    "goodput",
+    "mtbf_hours",
+    "checkpoints",
+    "lost_work_hours",
+    "restart_hours",
+    "wait_hours",
+    "checkpoint_stall_hours",
+    "degraded_hours",
+    "cost_usd",
+    "energy_mwh",
+)
+
+
+def summarise(runs: list[RunPrediction]) -> dict[str, dict[str, float]]:
+    """Mean and 5th/95th percentiles of each figure over seeds; interruptions as mean counts by cause."""
+    out: dict[str, dict[str, float]] = {}
+    for name in SUMMARY_FIELDS:
+        values = np.array([getattr(r, name) for r in runs], dtype=float)
+        out[name] = {
+            "mean": float(values.mean()),
+            "p5": float(np.percentile(values, 5)),
+            "p95": float(np.percentile(values, 95)),
+        }
+    causes = sorted({c for r in runs for c in r.interruptions})
+    out["interruptions"] = {c: float(np.mean([r.interruptions.get(c, 0) for r in runs])) for c in causes}
+    return out
+
+
+def run_seeds(
+    run_setup: RunSetup, seeds: Iterable[int], progress: Callable[[], None] | None = None
+) -> list[RunPrediction]:
+    """One run per seed (the same setup, so the step model runs once)."""
+    results = []
+    for seed in seeds:
+        results.append(simulate_run(run_setup, seed))
+        if progress:
+            progress()
+    return results
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """Goodput against checkpoint interval, with the simulated optimum beside Young's and Daly's."""
+
+    intervals_min: list[float]
+    goodput_mean: list[float]
+    optimum_min: float
+    young_min: float
+    daly_min: float
+
+
+def sweep_checkpoint(run_setup: RunSetup, intervals_s: Iterable[float], seeds: Iterable[int]) -> Sweep:
+    """Mean goodput at each interval over the same seeds (common random numbers: the failure draws do not depend
+    on the interval), and the optimum from a quadratic fit of goodput in log-interval around the best point."""
+    intervals = sorted(intervals_s)
+    seeds = list(seeds)
+    means = [
+        float(np.mean([simulate_run(replace(run_setup, interval_s=i), s).goodput for s in seeds])) for i in intervals
+    ]
+    best = int(np.argmax(means))
+    lo, hi = max(0, best - 2), min(len(intervals), best + 3)
+    x, y = np.log(intervals[lo:hi]), np.array(means[lo:hi])
+    optimum = intervals[best]
+    if len(x) >= 3:
+        a, b, _ = np.polyfit(x, y, 2)
+        if a < 0:
+            optimum = float(np.exp(np.clip(-b / (2 * a), x.min(), x.max())))
+    mtbf = 1 / sum(run_setup.rates.values())
+    delta = run_setup.ckpt.stall_s
+    return Sweep(
+        [i / 60 for i in intervals],
+        means,
+        optimum / 60,
+        young_interval_s(delta, mtbf) / 60,
+        daly_interval_s(delta, mtbf) / 60,
+    )
