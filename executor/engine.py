@@ -12,10 +12,13 @@ import contextlib
 import math
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.distributed.fsdp import FSDPModule
 from torch.distributed.pipelining import PipelineStage
+from torch.distributed.pipelining.schedules import _PipelineSchedule
 
 from executor.context_parallel import shard_sequence
 from executor.data import Sampler
@@ -106,10 +109,10 @@ class Trainer:
             return torch.optim.SGD(groups, lr=tr.lr, momentum=0.9)
         betas = (0.9, 0.95)  # GPT-3 / Llama pre-training betas
         if tr.optimizer == "adam":
-            return torch.optim.Adam(groups, lr=tr.lr, betas=betas, **fast)  # type: ignore[arg-type]
-        return torch.optim.AdamW(groups, lr=tr.lr, betas=betas, **fast)  # type: ignore[arg-type]
+            return torch.optim.Adam(groups, lr=tr.lr, betas=betas, **fast)
+        return torch.optim.AdamW(groups, lr=tr.lr, betas=betas, **fast)
 
-    def _build_schedule(self):  # type: ignore[no-untyped-def]
+    def _build_schedule(self) -> _PipelineSchedule:
         pp_group = self.topo.group("pp")
         stages = [
             PipelineStage(part, s, self.plan.layout.num_stages, self.device, group=pp_group)
@@ -139,7 +142,7 @@ class Trainer:
         assert self.schedule is not None
         losses: list[torch.Tensor] = []
         args = (inputs,) if 0 in self.stage_ids else ()
-        kwargs = {"target": targets, "losses": losses} if self.holds_last else {}
+        kwargs: dict[str, Any] = {"target": targets, "losses": losses} if self.holds_last else {}
         with self._autocast():
             self.schedule.step(*args, **kwargs)
         return [float(x.detach()) for x in losses]
@@ -148,7 +151,7 @@ class Trainer:
         model, n = self.parts[0], self.plan.num_microbatches
         cp_clock, losses = self.topo.clocks["cp"], []
         for x, y, m in zip(inputs.chunk(n), targets.chunk(n), range(n), strict=True):
-            if hasattr(model, "set_requires_gradient_sync"):  # FSDP: reduce-scatter once, after the last one
+            if isinstance(model, FSDPModule):  # reduce-scatter once, after the last microbatch
                 model.set_requires_gradient_sync(m == n - 1)
             cp_clock.phase = "forward"
             start = time.perf_counter()
@@ -190,8 +193,7 @@ class Trainer:
         inputs, targets = self._batch(step)
         data_wait = time.perf_counter() - start
         run = self._run_pipeline if self.schedule is not None else self._run_microbatches
-        probe = activation_probe(self.parts) if stats else contextlib.nullcontext({})
-        with probe as activations:
+        with activation_probe(self.parts, enabled=stats) as activations:
             losses = run(inputs, targets)
         compute_end = time.perf_counter()
         if self.plan.layout.zero == 0 and self.topo.replica_mesh is not None:

@@ -18,10 +18,13 @@ def _local(t: torch.Tensor) -> torch.Tensor:
 
 
 @contextmanager
-def activation_probe(parts: list[GPT]) -> Iterator[dict[str, float]]:
+def activation_probe(parts: list[GPT], enabled: bool = True) -> Iterator[dict[str, float]]:
     """Record the RMS of each layer's output (this rank's shard) while the block runs; hooks removed after."""
     norms: dict[str, float] = {}
     handles = []
+    if not enabled:
+        yield norms
+        return
 
     def hook(name: str) -> Any:
         def record(_module: nn.Module, _inputs: Any, output: torch.Tensor) -> None:

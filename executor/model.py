@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import zlib
 from collections.abc import Callable, Sequence
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -88,10 +89,9 @@ class Attention(nn.Module):
         cos, sin = rope_cos_sin(self.positions(seq, x.device), self.head_dim)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))
-        if self.recompute_core:  # selective recompute: keep the projections, recompute the score matrix
-            out = checkpoint(self.core, q, k, v, use_reentrant=False)
-        else:
-            out = self.core(q, k, v)
+        # Selective recompute keeps the projections and recomputes only the attention core (Korthikanti 2022).
+        core = partial(checkpoint, self.core, use_reentrant=False) if self.recompute_core else self.core
+        out = core(q, k, v)
         return self.wo(out.transpose(1, 2).reshape(batch, seq, -1))
 
 

@@ -11,7 +11,7 @@ memory as 1F1B that ZB-H1 names.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -97,10 +97,10 @@ def instrument(stage: PipelineStage, clock: StageClock, sync: Callable[[], None]
 
 
 def build_schedule(
-    plan: Plan, stages: list[PipelineStage], loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    plan: Plan, stages: Sequence[PipelineStage], loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 ) -> _PipelineSchedule:
     """The plan's schedule over this rank's stages; gradients are averaged over microbatches (scale_grads)."""
     name, n = plan.layout.schedule, plan.num_microbatches
     if name in SINGLE_STAGE:
         return SINGLE_STAGE[name](stages[0], n_microbatches=n, loss_fn=loss_fn, scale_grads=True)
-    return MULTI_STAGE[name](stages, n_microbatches=n, loss_fn=loss_fn, scale_grads=True)
+    return MULTI_STAGE[name](list(stages), n_microbatches=n, loss_fn=loss_fn, scale_grads=True)

@@ -65,7 +65,7 @@ def stragglers(busy_s: list[float], cohorts: list[int], threshold: float = STRAG
     Cohorts are ranks doing the same work (the same pipeline stage). Busy time, not wall time, is compared:
     the step's collectives make every rank wait for the slowest, so wall times come out equal.
     """
-    out = []
+    out: list[int] = []
     for cohort in sorted(set(cohorts)):
         members = [r for r, c in enumerate(cohorts) if c == cohort]
         median = statistics.median(busy_s[r] for r in members)

@@ -15,6 +15,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -117,22 +118,39 @@ class RankReporter:
         mine = torch.tensor([res.step_s, busy], dtype=torch.float64, device=self.device)
         everyone = [torch.zeros_like(mine) for _ in range(dist.get_world_size())]
         dist.all_gather(everyone, mine)
-        extra: dict[str, object] = {}
+        extra: dict[str, Any] = {}
         if self.topo.rank == 0:
-            step_s = [float(t[0]) for t in everyone]
-            extra = job_figures(self.plan, step_s, self.peak)
-            extra["stragglers"] = stragglers([float(t[1]) for t in everyone], self.cohorts, self.args.straggler_threshold)
-            self.progress.update(res.step, res.job_loss, float(extra["tokens_per_s"]), float(extra["mfu"]))
+            extra = dict(job_figures(self.plan, [float(t[0]) for t in everyone], self.peak))
+            busy_s = [float(t[1]) for t in everyone]
+            extra["stragglers"] = stragglers(busy_s, self.cohorts, self.args.straggler_threshold)
+            self.progress.update(res.step, res.job_loss, extra["tokens_per_s"], extra["mfu"])
         loss = res.job_loss if self.topo.rank == 0 else res.loss  # rank 0 carries the job's mean loss
         tokens = self.plan.tokens_per_step // self.plan.layout.dp
         self.writer.write(
-            StepRecord(step=res.step, rank=self.topo.rank, coords=self.coords, time_unix=time.time(),
-                       step_s=res.step_s, phases=res.phases, tokens=tokens, loss=loss, grad_norm=res.grad_norm,
-                       lr=res.lr, peak_memory_MB=peak_memory_MB(self.device), **extra)  # type: ignore[arg-type]
+            StepRecord(
+                step=res.step,
+                rank=self.topo.rank,
+                coords=self.coords,
+                time_unix=time.time(),
+                step_s=res.step_s,
+                phases=res.phases,
+                tokens=tokens,
+                loss=loss,
+                grad_norm=res.grad_norm,
+                lr=res.lr,
+                peak_memory_MB=peak_memory_MB(self.device),
+                **extra,
+            )
         )
         if res.param_grad_norm or res.activation_norm:
-            self.writer.write(LayerStatsRecord(step=res.step, rank=self.topo.rank, grad_norm=res.param_grad_norm,
-                                               activation_norm=res.activation_norm))
+            self.writer.write(
+                LayerStatsRecord(
+                    step=res.step,
+                    rank=self.topo.rank,
+                    grad_norm=res.param_grad_norm,
+                    activation_norm=res.activation_norm,
+                )
+            )
         if self.topo.rank == 0:
             self._flag_spikes(res)
 
@@ -154,8 +172,15 @@ def run_training(plan: Plan, args: argparse.Namespace, device: torch.device) -> 
     hosts: list[str | None] = [None] * dist.get_world_size()
     dist.all_gather_object(hosts, hostname())
     if topo.rank == 0:
-        manifest = build_manifest(out.name, plan, device.type, dist.get_world_size(), [str(h) for h in hosts],
-                                  sampler.corpus.version(), command_line())
+        manifest = build_manifest(
+            out.name,
+            plan,
+            device.type,
+            dist.get_world_size(),
+            [str(h) for h in hosts],
+            sampler.corpus.version(),
+            command_line(),
+        )
         write_manifest(manifest, out)
     dist.barrier()
     trainer = Trainer(plan, topo, sampler, device, compile=args.compile)

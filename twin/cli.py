@@ -170,6 +170,11 @@ def presets(as_json: JsonOpt = False) -> None:
         console.print(f"[bold]{kind}[/]: {', '.join(names)}")
 
 
+from twin.launch import execute  # noqa: E402  (launch imports this module's helpers)
+
+app.command()(execute)
+
+
 def main() -> None:
     app()
 
