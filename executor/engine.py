@@ -32,6 +32,7 @@ from executor.parallel import (
     apply_tensor_parallel,
     clip_gradients,
     local_grad_square_sum,
+    reduce_partial_gradients,
     reshard_after_forward,
 )
 from executor.pipeline import StageClock, build_schedule, instrument, stage_layer_ids, stages_of_rank
@@ -196,6 +197,7 @@ class Trainer:
         with activation_probe(self.parts, enabled=stats) as activations:
             losses = run(inputs, targets)
         compute_end = time.perf_counter()
+        reduce_partial_gradients(self.params, self.topo.clocks["tp"])
         if self.plan.layout.zero == 0 and self.topo.replica_mesh is not None:
             all_reduce_gradients(self.params, self.topo.replica_mesh.get_group(), self.topo.clocks["dp"])
         grads = gradient_norms(self.parts) if stats else {}
@@ -217,16 +219,18 @@ class Trainer:
         forward, backward = self.clock.reset()
         cp = self.topo.clocks["cp"].reset()
         dp = sum(self.topo.clocks["dp"].reset().values())
+        tp = sum(self.topo.clocks["tp"].reset().values())
         phases = {
             "data_wait": data_wait,
             "forward": max(0.0, forward - cp.get("forward", 0.0)),
             "backward": max(0.0, backward - cp.get("backward", 0.0)),
             "comm_cp": sum(cp.values()),
             "comm_dp": dp,
+            "comm_tp": tp,  # the partial-gradient reductions only: TP's in-layer collectives stay in fwd/bwd
             # Under a pipeline schedule, its wall time beyond this rank's own compute is waiting: bubble plus the
             # point-to-point transfers, which on one host are a small part of it.
             "bubble": max(0.0, compute_wall - forward - backward) if self.schedule is not None else 0.0,
         }
-        phases["optimizer"] = max(0.0, step_s - data_wait - compute_wall - dp)
+        phases["optimizer"] = max(0.0, step_s - data_wait - compute_wall - dp - tp)
         phases["other"] = max(0.0, step_s - sum(phases.values()))
         return phases

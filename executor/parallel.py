@@ -77,7 +77,9 @@ class Topology:
     rank: int
     mesh: DeviceMesh
     grid: RankGrid
-    clocks: dict[str, CommClock] = field(default_factory=lambda: {"cp": CommClock(), "dp": CommClock()})
+    clocks: dict[str, CommClock] = field(
+        default_factory=lambda: {"cp": CommClock(), "dp": CommClock(), "tp": CommClock()}
+    )
 
     @classmethod
     def build(cls, plan: Plan, device_type: str) -> Topology:
@@ -159,6 +161,20 @@ def apply_fsdp(model: GPT, mesh: DeviceMesh, reshard_after_forward: bool) -> Non
 
 def reshard_after_forward(plan: Plan) -> bool:
     return plan.layout.zero == 3 and plan.layout.pp == 1
+
+
+def reduce_partial_gradients(params: list[torch.nn.Parameter], clock: CommClock) -> None:
+    """Turn gradients that DTensor left as partial sums into the placement of their parameter.
+
+    With sequence parallelism the norm weights are replicated but each tp rank sees only its sequence shard, so
+    their gradients come back as Partial(sum) DTensors; the gradient norm and the optimizer need the sum.
+    """
+    for p in params:
+        grad = p.grad
+        if isinstance(grad, DTensor) and isinstance(p, DTensor) and any(pl.is_partial() for pl in grad.placements):
+            start = time.perf_counter()
+            p.grad = grad.redistribute(grad.device_mesh, p.placements)
+            clock.add(time.perf_counter() - start)
 
 
 def all_reduce_gradients(params: list[torch.nn.Parameter], group: dist.ProcessGroup, clock: CommClock) -> None:
