@@ -17,6 +17,7 @@ from functools import partial
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed.tensor import DTensor
 from torch.utils.checkpoint import checkpoint
 
 from plan.schema import ModelSpec, Recompute
@@ -60,7 +61,20 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         xf = x.float()
         normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + NORM_EPS)
-        return normed.type_as(x) * self.weight
+        return normed.type_as(x) * _summed_grad(self.weight)
+
+
+def _summed_grad(weight: torch.Tensor) -> torch.Tensor:
+    """The weight, re-wrapped so that its gradient arrives summed over the ranks that replicate it.
+
+    Under sequence parallelism a replicated norm weight meets a sequence shard, so DTensor leaves its gradient
+    as a Partial sum per tp rank; FSDP2 then reduces those partial local tensors over dp only and the weight
+    learns from a fraction of the sequence (caught by the FSDP x TP x SP reference test). Going through
+    `from_local`, whose backward redistributes the gradient to the placement given here (Replicate), sums it.
+    """
+    if isinstance(weight, DTensor) and all(p.is_replicate() for p in weight.placements):
+        return DTensor.from_local(weight.to_local(), weight.device_mesh, weight.placements, run_check=False)
+    return weight
 
 
 class Attention(nn.Module):
@@ -173,8 +187,11 @@ class GPT(nn.Module):
 
 
 def param_seed(seed: int, name: str) -> int:
-    """A stable 63-bit seed for one parameter: the same on every rank, layout and run."""
-    return (seed << 32) ^ zlib.crc32(name.encode())
+    """A stable 32-bit seed for one parameter: the same on every rank, layout and run.
+
+    32 bits, with the seed hashed in, because the CPU generator (mt19937) keeps only a seed's low 32 bits.
+    """
+    return zlib.crc32(f"{seed}:{name}".encode())
 
 
 @torch.no_grad()

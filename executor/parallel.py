@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import fully_shard
-from torch.distributed.tensor import DTensor, Replicate, Shard
+from torch.distributed.tensor import DTensor, Placement, Replicate, Shard
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     PrepareModuleInput,
@@ -206,10 +206,15 @@ def local_grad_square_sum(params: list[torch.nn.Parameter], holders: int) -> tor
             continue
         grad, shards = p.grad, 1
         if isinstance(grad, DTensor):
-            shards = math.prod(grad.device_mesh.size(i) for i, pl in enumerate(grad.placements) if pl.is_shard())
+            shards = math.prod(grad.device_mesh.size(i) for i, pl in enumerate(grad.placements) if _is_shard(pl))
             grad = grad.to_local()
         total += grad.detach().double().pow(2).sum().cpu() / (holders / shards)
     return total
+
+
+def _is_shard(placement: Placement) -> bool:
+    # FSDP2 over a TP-sharded dim uses _StridedShard, which is neither `is_shard()` nor a Shard subclass.
+    return placement.is_shard() or type(placement).__name__ == "_StridedShard"
 
 
 def clip_gradients(params: list[torch.nn.Parameter], norm: float, max_norm: float) -> None:

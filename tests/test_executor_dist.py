@@ -99,7 +99,9 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[float]
 
 def assert_matches(got: dict[str, list[float]], reference: dict[str, list[float]]) -> None:
     for key in ("loss", "grad_norm"):
-        torch.testing.assert_close(torch.tensor(got[key]), torch.tensor(reference[key]), **TOLERANCE, msg=key)
+        torch.testing.assert_close(
+            torch.tensor(got[key]), torch.tensor(reference[key]), **TOLERANCE, msg=lambda m, k=key: f"{k}: {m}"
+        )
 
 
 @pytest.fixture(scope="module")

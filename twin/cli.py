@@ -170,9 +170,9 @@ def presets(as_json: JsonOpt = False) -> None:
         console.print(f"[bold]{kind}[/]: {', '.join(names)}")
 
 
-from twin.launch import execute  # noqa: E402  (launch imports this module's helpers)
+from twin.launch import execute  # noqa: E402
 
-app.command()(execute)
+app.command()(user_errors(execute))
 
 
 def main() -> None:

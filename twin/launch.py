@@ -7,6 +7,7 @@ keeps its rendezvous and gloo/NCCL sockets on loopback; multi-node flags pass th
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import statistics
@@ -17,14 +18,24 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.console import Console
 
 from plan import loader
 from plan.loader import PlanError
 from plan.records import RecordError, StepRecord, iter_records
 from plan.schema import Plan
-from twin.cli import JsonOpt, PlanArg, SetOpt, console, emit_json, user_errors
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+console = Console()
+
+# The same options as twin.cli's (which registers this command and wraps it in its `user_errors`); repeated here
+# so this module does not import the CLI that imports it.
+PlanArg = Annotated[str, typer.Argument(help="A plan YAML path or a preset name (see `twin presets`).")]
+SetOpt = Annotated[
+    list[str] | None,
+    typer.Option("--set", "-s", help="Override a field: section.field=value (repeatable), e.g. layout.tp=4."),
+]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print exactly one JSON object on stdout.")]
 
 
 def free_port() -> int:
@@ -83,7 +94,6 @@ def summarise(run_dir: Path) -> dict[str, Any]:
     }
 
 
-@user_errors
 def execute(
     plan: PlanArg,
     overrides: SetOpt = None,
@@ -112,8 +122,8 @@ def execute(
         summary = {"steps": 0, "records_error": str(exc)}
     if as_json:
         tail = (result.stderr or "").strip().splitlines()[-1:] if result.returncode else []
-        emit_json({"ok": result.returncode == 0, "returncode": result.returncode, "run_dir": str(run_dir),
-                   "world_size": p.layout.world_size, **summary, **({"error": tail[0]} if tail else {})})  # fmt: skip
+        print(json.dumps({"ok": result.returncode == 0, "returncode": result.returncode, "run_dir": str(run_dir),
+                   "world_size": p.layout.world_size, **summary, **({"error": tail[0]} if tail else {})}))  # fmt: skip
     elif result.returncode == 0 and summary["steps"]:
         console.print(
             f"[green]done[/]: {summary['steps']} steps of {p.name} on {p.layout.world_size} ranks → {run_dir}; "
