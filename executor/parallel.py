@@ -200,7 +200,7 @@ def local_grad_square_sum(params: list[torch.nn.Parameter], holders: int) -> tor
     sharded over mesh dims of total size n has holders/n copies of each shard. Dividing each local square sum by
     its copy count makes the sum over all ranks the exact squared norm, whatever the sharding.
     """
-    total = torch.zeros((), dtype=torch.float64)
+    terms = []
     for p in params:
         if p.grad is None:
             continue
@@ -208,8 +208,9 @@ def local_grad_square_sum(params: list[torch.nn.Parameter], holders: int) -> tor
         if isinstance(grad, DTensor):
             shards = math.prod(grad.device_mesh.size(i) for i, pl in enumerate(grad.placements) if _is_shard(pl))
             grad = grad.to_local()
-        total += grad.detach().double().pow(2).sum().cpu() / (holders / shards)
-    return total
+        norm = torch.linalg.vector_norm(grad.detach(), dtype=torch.float32).double()  # stays on the device
+        terms.append(norm.square() / (holders / shards))
+    return torch.stack(terms).sum() if terms else torch.zeros((), dtype=torch.float64)
 
 
 def _is_shard(placement: Placement) -> bool:
