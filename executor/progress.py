@@ -24,11 +24,12 @@ class Progress:
             disable=not enabled,
         )
         self.task = self.bar.add_task("", total=total)
-        self.last = ""
+        self.last, self.done = "", 0
         if enabled:
             self.bar.start()
 
     def update(self, step: int, loss: float, tokens_per_s: float, mfu: float) -> None:
+        self.done = step + 1
         self.last = f"loss {loss:.4f} · {tokens_per_s:,.0f} tok/s · MFU {100 * mfu:.2f}%"
         self.bar.update(self.task, completed=step + 1, description=self.last)
 
@@ -36,4 +37,4 @@ class Progress:
         if self.enabled:
             self.bar.stop()
             if not self.console.is_terminal and self.last:
-                self.console.print(f"done: {self.total} steps, last {self.last}", highlight=False)
+                self.console.print(f"done: {self.done} of {self.total} steps, last {self.last}", highlight=False)
