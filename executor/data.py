@@ -154,10 +154,10 @@ class Sampler:
             out.append(int(_permutation(self.corpus.windows, self.seed, epoch)[pos]))
         return out
 
-    def batch(self, step: int, dp_rank: int, dp: int, count: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def batch(self, step: int, dp_rank: int, dp: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(inputs, targets), each [global_batch / dp, seq_len] int64: a dp rank's samples of `step`, in order."""
         per_rank = self.global_batch // dp
-        ids = self.window_ids(step, dp_rank * per_rank, count or per_rank)
+        ids = self.window_ids(step, dp_rank * per_rank, per_rank)
         windows = torch.from_numpy(np.stack([self.corpus.window(i) for i in ids]))
         return windows[:, :-1].contiguous(), windows[:, 1:].contiguous()
 
