@@ -259,6 +259,11 @@ def presets(as_json: JsonOpt = False) -> None:
         console.print(f"[bold]{kind}[/]: {', '.join(names)}")
 
 
+from twin.launch import execute  # noqa: E402
+
+app.command()(user_errors(execute))
+
+
 def main() -> None:
     app()
 

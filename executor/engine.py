@@ -1,0 +1,236 @@
+"""One rank's training state and its step: the model parts it holds, the optimizer, and the pipeline schedule.
+
+A step reads this dp rank's share of the global batch, runs forward and backward over its microbatches (through
+the pipeline schedule when pp > 1, else a plain accumulation loop), averages gradients over the replicas, takes
+the global gradient norm and the job's mean loss in one all-reduce, stops on a non-finite value, clips, and steps
+the optimizer. It measures each phase as it goes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.fsdp import FSDPModule
+from torch.distributed.pipelining import PipelineStage
+from torch.distributed.pipelining.schedules import _PipelineSchedule
+
+from executor.context_parallel import shard_sequence
+from executor.data import Sampler
+from executor.layer_stats import activation_probe, gradient_norms
+from executor.model import GPT, build_stage_model, cross_entropy, set_recompute
+from executor.parallel import (
+    Topology,
+    all_reduce_gradients,
+    apply_context_parallel,
+    apply_fsdp,
+    apply_tensor_parallel,
+    clip_gradients,
+    local_grad_square_sum,
+    reduce_partial_gradients,
+    reshard_after_forward,
+)
+from executor.pipeline import StageClock, build_schedule, instrument, stage_layer_ids, stages_of_rank
+from executor.sanity import NonFiniteError
+from plan.schema import Plan
+
+
+@dataclass
+class StepResult:
+    """What one rank saw of one step."""
+
+    step: int
+    loss: float | None
+    """This rank's replica's mean loss, on ranks that hold the last stage."""
+    job_loss: float
+    """Mean loss over the whole global batch."""
+    grad_norm: float
+    lr: float
+    phases: dict[str, float]
+    step_s: float
+    activation_norm: dict[str, float] = field(default_factory=dict)
+    param_grad_norm: dict[str, float] = field(default_factory=dict)
+
+
+def learning_rate(plan: Plan, step: int) -> float:
+    """Linear warm-up to the peak, then cosine decay to a tenth of it at the run's last step."""
+    tr = plan.training
+    if step < tr.warmup_steps:
+        return tr.lr * (step + 1) / tr.warmup_steps
+    span = max(1, plan.total_steps - tr.warmup_steps)
+    progress = min(1.0, (step - tr.warmup_steps) / span)
+    return tr.lr * (0.1 + 0.45 * (1 + math.cos(math.pi * progress)))
+
+
+class Trainer:
+    """The model parts, optimizer and schedule of one rank."""
+
+    def __init__(self, plan: Plan, topo: Topology, sampler: Sampler, device: torch.device, compile: bool = False):
+        self.plan, self.topo, self.sampler, self.device = plan, topo, sampler, device
+        self.amp = device.type == "cuda"  # bf16 autocast on GPUs; fp32 on CPU, where the reference tests compare
+        lay = plan.layout
+        self.stage_ids = stages_of_rank(plan, topo.coords.pp) if lay.pp > 1 else [0]
+        self.parts = [self._build_part(s, compile) for s in self.stage_ids]
+        self.params = list({id(p): p for m in self.parts for p in m.parameters()}.values())
+        self.optimizer = self._build_optimizer()
+        self.clock = StageClock()
+        self.schedule = self._build_schedule() if lay.pp > 1 else None
+        self.holds_last = plan.layout.num_stages - 1 in self.stage_ids
+
+    def _build_part(self, stage: int, compile: bool) -> GPT:
+        plan, topo, lay = self.plan, self.topo, self.plan.layout
+        layers = stage_layer_ids(plan, stage) if lay.pp > 1 else range(plan.model.layers)
+        last = stage == lay.num_stages - 1
+        model = build_stage_model(plan.model, layers, stage == 0, last, plan.training.seed, self.device)
+        set_recompute(model, lay.recompute)
+        if lay.cp > 1:
+            apply_context_parallel(model, topo)
+        if lay.tp > 1:
+            apply_tensor_parallel(model, topo.mesh["tp"], lay.sequence_parallel)
+        if compile:
+            for block in model.blocks():
+                block.compile()
+        if lay.zero > 0 and topo.replica_mesh is not None:
+            apply_fsdp(model, topo.replica_mesh, reshard_after_forward(plan))
+        return model
+
+    def _build_optimizer(self) -> torch.optim.Optimizer:
+        tr = self.plan.training
+        decay = [p for p in self.params if p.ndim >= 2]  # no decay on norm gains (AdamW paper practice)
+        rest = [p for p in self.params if p.ndim < 2]
+        groups = [{"params": decay, "weight_decay": tr.weight_decay}, {"params": rest, "weight_decay": 0.0}]
+        plain = not any(isinstance(p, torch.distributed.tensor.DTensor) for p in self.params)
+        fast = {"fused": True} if plain and self.device.type == "cuda" else {"foreach": False}
+        if tr.optimizer == "sgd":
+            return torch.optim.SGD(groups, lr=tr.lr, momentum=0.9)
+        betas = (0.9, 0.95)  # GPT-3 / Llama pre-training betas
+        if tr.optimizer == "adam":
+            return torch.optim.Adam(groups, lr=tr.lr, betas=betas, **fast)
+        return torch.optim.AdamW(groups, lr=tr.lr, betas=betas, **fast)
+
+    def _build_schedule(self) -> _PipelineSchedule:
+        pp_group = self.topo.group("pp")
+        stages = [
+            PipelineStage(part, s, self.plan.layout.num_stages, self.device, group=pp_group)
+            for part, s in zip(self.parts, self.stage_ids, strict=True)
+        ]
+        for stage in stages:
+            instrument(stage, self.clock, self._sync, [self.topo.clocks["cp"]])
+        return build_schedule(self.plan, stages, cross_entropy)
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def _autocast(self) -> contextlib.AbstractContextManager[None]:
+        if self.amp:
+            return torch.autocast("cuda", dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    def _batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        c = self.topo.coords
+        inputs, targets = self.sampler.batch(step, c.dp, self.plan.layout.dp)
+        cp = self.plan.layout.cp
+        inputs, targets = shard_sequence(inputs, c.cp, cp), shard_sequence(targets, c.cp, cp)
+        return inputs.to(self.device, non_blocking=True), targets.to(self.device, non_blocking=True)
+
+    def _run_pipeline(self, inputs: torch.Tensor, targets: torch.Tensor) -> list[float]:
+        assert self.schedule is not None
+        losses: list[torch.Tensor] = []
+        args = (inputs,) if 0 in self.stage_ids else ()
+        kwargs: dict[str, Any] = {"target": targets, "losses": losses} if self.holds_last else {}
+        with self._autocast():
+            self.schedule.step(*args, **kwargs)
+        return [float(x.detach()) for x in losses]
+
+    def _run_microbatches(self, inputs: torch.Tensor, targets: torch.Tensor) -> list[float]:
+        model, n = self.parts[0], self.plan.num_microbatches
+        cp_clock, losses = self.topo.clocks["cp"], []
+        for x, y, m in zip(inputs.chunk(n), targets.chunk(n), range(n), strict=True):
+            if isinstance(model, FSDPModule):  # reduce-scatter once, after the last microbatch
+                model.set_requires_gradient_sync(m == n - 1)
+            cp_clock.phase = "forward"
+            start = time.perf_counter()
+            with self._autocast():
+                loss = cross_entropy(model(x), y)
+            self._sync()
+            mid = time.perf_counter()
+            cp_clock.phase = "backward"
+            (loss / n).backward()
+            self._sync()
+            self.clock.forward += mid - start
+            self.clock.backward += time.perf_counter() - mid
+            losses.append(float(loss.detach()))
+        return losses
+
+    def _reduce_metrics(self, step: int, losses: list[float]) -> tuple[float, float]:
+        """(grad norm, job mean loss) in one all-reduce; raises NonFiniteError naming the first bad rank."""
+        lay = self.plan.layout
+        holders = lay.dp * lay.cp * lay.tp
+        local_loss = sum(losses) / len(losses) if losses else 0.0
+        bad_loss = float(bool(losses) and not math.isfinite(local_loss))
+        grad_sq = local_grad_square_sum(self.params, holders)
+        contrib = local_loss / holders if losses and not bad_loss else 0.0
+        packed = torch.tensor([float(grad_sq), contrib, bad_loss], dtype=torch.float64, device=self.device)
+        dist.all_reduce(packed)
+        grad_norm, job_loss, n_bad = math.sqrt(max(0.0, float(packed[0]))), float(packed[1]), float(packed[2])
+        if n_bad or not math.isfinite(grad_norm):
+            local_bad = bad_loss or not math.isfinite(float(grad_sq))
+            first = torch.tensor([self.topo.rank if local_bad else dist.get_world_size()], device=self.device)
+            dist.all_reduce(first, op=dist.ReduceOp.MIN)
+            what, value = ("loss", local_loss) if n_bad else ("gradient norm", float(packed[0]))
+            raise NonFiniteError(what, step, min(int(first), dist.get_world_size() - 1), value)
+        return grad_norm, job_loss
+
+    def step(self, step: int, stats: bool = False) -> StepResult:
+        """Run one optimizer step; phases in seconds. With `stats`, also take per-layer norms."""
+        self._sync()
+        start = time.perf_counter()
+        inputs, targets = self._batch(step)
+        data_wait = time.perf_counter() - start
+        run = self._run_pipeline if self.schedule is not None else self._run_microbatches
+        with activation_probe(self.parts, enabled=stats) as activations:
+            losses = run(inputs, targets)
+        compute_end = time.perf_counter()
+        reduce_partial_gradients(self.params, self.topo.clocks["tp"])
+        if self.plan.layout.zero == 0 and self.topo.replica_mesh is not None:
+            all_reduce_gradients(self.params, self.topo.replica_mesh.get_group(), self.topo.clocks["dp"])
+        grads = gradient_norms(self.parts) if stats else {}
+        grad_norm, job_loss = self._reduce_metrics(step, losses)
+        lr = learning_rate(self.plan, step)
+        clip_gradients(self.params, grad_norm, self.plan.training.grad_clip)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self._sync()
+        end = time.perf_counter()
+        phases = self._phases(data_wait, compute_end - start - data_wait, end - start)
+        local = sum(losses) / len(losses) if losses else None
+        return StepResult(step, local, job_loss, grad_norm, lr, phases, end - start, dict(activations), grads)
+
+    def _phases(self, data_wait: float, compute_wall: float, step_s: float) -> dict[str, float]:
+        """Split the step's time: compute phases less the collectives measured inside them, then what is left."""
+        forward, backward = self.clock.reset()
+        cp = self.topo.clocks["cp"].reset()
+        dp = sum(self.topo.clocks["dp"].reset().values())
+        tp = sum(self.topo.clocks["tp"].reset().values())
+        phases = {
+            "data_wait": data_wait,
+            "forward": max(0.0, forward - cp.get("forward", 0.0)),
+            "backward": max(0.0, backward - cp.get("backward", 0.0)),
+            "comm_cp": sum(cp.values()),
+            "comm_dp": dp,
+            "comm_tp": tp,  # the partial-gradient reductions only: TP's in-layer collectives stay in fwd/bwd
+            # Under a pipeline schedule, its wall time beyond this rank's own compute is waiting: bubble plus the
+            # point-to-point transfers, which on one host are a small part of it.
+            "bubble": max(0.0, compute_wall - forward - backward) if self.schedule is not None else 0.0,
+        }
+        phases["optimizer"] = max(0.0, step_s - data_wait - compute_wall - dp - tp)
+        phases["other"] = max(0.0, step_s - sum(phases.values()))
+        return phases

@@ -1,0 +1,241 @@
+"""The executor's entry point: `torchrun --nproc-per-node N -m executor.train --plan PLAN [--steps N] ...`.
+
+Every rank loads the plan, joins the process group (gloo on CPU, NCCL on GPUs — the same code path), builds its
+part of the layout and trains for `--steps` steps, appending one StepRecord per step to `<out>/records.jsonl`;
+rank 0 writes `<out>/manifest.json`, the job-wide figures and the progress line. Bad input exits 2 with one
+line; a non-finite loss or gradient norm exits 3 naming the step and rank. Processes end with `os._exit` once
+their output is flushed: torch 2.13 processes that built a DeviceMesh sometimes abort in interpreter teardown.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from executor.data import DataError, Sampler, open_corpus, save_cursor
+from executor.engine import StepResult, Trainer
+from executor.parallel import LayoutError, Topology, check_supported
+from executor.progress import Progress
+from executor.sanity import NonFiniteError, SpikeDetector
+from executor.telemetry import (
+    STRAGGLER_THRESHOLD,
+    RecordWriter,
+    build_manifest,
+    command_line,
+    hostname,
+    job_figures,
+    peak_flops_per_rank,
+    peak_memory_MB,
+    stragglers,
+    write_manifest,
+)
+from plan import loader
+from plan.loader import PlanError
+from plan.records import EventRecord, LayerStatsRecord, RankCoords, StepRecord
+from plan.schema import Plan
+
+EXIT_BAD_INPUT, EXIT_NON_FINITE = 2, 3
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="executor.train", description="Run a plan's parallel layout for real.")
+    p.add_argument("--plan", required=True, help="plan YAML path or preset name")
+    p.add_argument("--set", dest="overrides", action="append", default=[], help="section.field=value (repeatable)")
+    p.add_argument("--steps", type=int, default=10, help="optimizer steps to run")
+    p.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: cuda if available, else cpu")
+    p.add_argument("--out", type=Path, default=None, help="run directory (default runs/<plan>-<time>)")
+    p.add_argument("--data", type=Path, default=None, help="token corpus directory (default: synthetic bytes)")
+    p.add_argument("--timeout-s", type=float, default=120.0, help="process-group timeout: a deadlock fails this fast")
+    p.add_argument("--stats-every", type=int, default=10, help="per-layer norms every k steps (0: never)")
+    p.add_argument("--straggler-threshold", type=float, default=STRAGGLER_THRESHOLD)
+    p.add_argument("--compile", action="store_true", help="torch.compile each layer")
+    p.add_argument("--no-progress", action="store_true", help="no live progress line")
+    args = p.parse_args(argv)
+    if args.steps < 1:
+        p.error("--steps must be at least 1")
+    return args
+
+
+def init_distributed(device: str, timeout_s: float) -> torch.device:
+    """Join the job's process group; a lone `python -m executor.train` becomes a world of one on loopback."""
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29512")
+    os.environ.setdefault("RANK", "0")
+    os.environ.setdefault("WORLD_SIZE", "1")
+    os.environ.setdefault("LOCAL_RANK", "0")
+    local_rank = int(os.environ["LOCAL_RANK"])
+    if device == "cuda":
+        torch.cuda.set_device(local_rank)
+        dev = torch.device("cuda", local_rank)
+    else:
+        dev = torch.device("cpu")
+    backend = "nccl" if device == "cuda" else "gloo"
+    dist.init_process_group(backend, timeout=dt.timedelta(seconds=timeout_s))
+    return dev
+
+
+def default_run_dir(plan: Plan) -> Path:
+    """runs/<plan>-<time>, chosen by rank 0 and shared so every rank writes to the same place."""
+    box = [str(Path("runs") / f"{plan.name}-{time.strftime('%Y%m%d-%H%M%S')}")]
+    dist.broadcast_object_list(box, src=0)
+    return Path(box[0])
+
+
+def open_data(plan: Plan, path: Path | None) -> Sampler:
+    """The corpus, built once per node by local rank 0 while the others wait."""
+    if int(os.environ.get("LOCAL_RANK", "0")) == 0:
+        corpus = open_corpus(path, plan.model.seq_len, plan.model.vocab)
+    dist.barrier()
+    if int(os.environ.get("LOCAL_RANK", "0")) != 0:
+        corpus = open_corpus(path, plan.model.seq_len, plan.model.vocab, build=False)
+    return Sampler(corpus, plan.training.global_batch, plan.training.seed)
+
+
+class RankReporter:
+    """Turns each step's result into records; on rank 0 adds the job-wide figures, spikes and progress."""
+
+    def __init__(self, plan: Plan, topo: Topology, out: Path, device: torch.device, args: argparse.Namespace):
+        self.plan, self.topo, self.device, self.args = plan, topo, device, args
+        self.writer = RecordWriter(out / "records.jsonl")
+        self.coords = RankCoords(**topo.coords._asdict())
+        dtype = "bf16" if device.type == "cuda" else "fp32"
+        ranks_on_node = int(os.environ.get("LOCAL_WORLD_SIZE", dist.get_world_size()))
+        self.peak = peak_flops_per_rank(loader.plan_cluster(plan), dtype, ranks_on_node)
+        self.cohorts = [int(c) for c in topo.grid.all_coords()["pp"]]
+        self.spikes = {"loss": SpikeDetector(), "grad_norm": SpikeDetector()}
+        self.progress = Progress(args.steps, enabled=topo.rank == 0 and not args.no_progress)
+
+    def report(self, res: StepResult) -> None:
+        busy = res.phases["forward"] + res.phases["backward"] + res.phases["optimizer"]
+        mine = torch.tensor([res.step_s, busy], dtype=torch.float64, device=self.device)
+        everyone = [torch.zeros_like(mine) for _ in range(dist.get_world_size())]
+        dist.all_gather(everyone, mine)
+        extra: dict[str, Any] = {}
+        if self.topo.rank == 0:
+            extra = dict(job_figures(self.plan, [float(t[0]) for t in everyone], self.peak))
+            busy_s = [float(t[1]) for t in everyone]
+            extra["stragglers"] = stragglers(busy_s, self.cohorts, self.args.straggler_threshold)
+            self.progress.update(res.step, res.job_loss, extra["tokens_per_s"], extra["mfu"])
+        loss = res.job_loss if self.topo.rank == 0 else res.loss  # rank 0 carries the job's mean loss
+        tokens = self.plan.tokens_per_step // self.plan.layout.dp
+        self.writer.write(
+            StepRecord(
+                step=res.step,
+                rank=self.topo.rank,
+                coords=self.coords,
+                time_unix=time.time(),
+                step_s=res.step_s,
+                phases=res.phases,
+                tokens=tokens,
+                loss=loss,
+                grad_norm=res.grad_norm,
+                lr=res.lr,
+                peak_memory_MB=peak_memory_MB(self.device),
+                **extra,
+            )
+        )
+        if res.param_grad_norm or res.activation_norm:
+            self.writer.write(
+                LayerStatsRecord(
+                    step=res.step,
+                    rank=self.topo.rank,
+                    grad_norm=res.param_grad_norm,
+                    activation_norm=res.activation_norm,
+                )
+            )
+        if self.topo.rank == 0:
+            self._flag_spikes(res)
+
+    def _flag_spikes(self, res: StepResult) -> None:
+        for metric, value in (("loss", res.job_loss), ("grad_norm", res.grad_norm)):
+            spike = self.spikes[metric].observe(value)
+            if spike is not None:
+                self.event("spike", res.step, {"metric": metric, **spike})
+
+    def event(self, name: str, step: int, detail: dict[str, object], rank: int = -1) -> None:
+        self.writer.write(EventRecord(event=name, step=step, rank=rank, time_unix=time.time(), detail=detail))
+
+
+def run_training(plan: Plan, args: argparse.Namespace, device: torch.device) -> list[StepResult]:
+    """Train `args.steps` steps of `plan` on this rank; every rank returns its own results."""
+    topo = Topology.build(plan, device.type)
+    sampler = open_data(plan, args.data)
+    out = args.out or default_run_dir(plan)
+    hosts: list[str | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(hosts, hostname())
+    if topo.rank == 0:
+        manifest = build_manifest(
+            out.name,
+            plan,
+            device.type,
+            dist.get_world_size(),
+            [str(h) for h in hosts],
+            sampler.corpus.version(),
+            command_line(),
+        )
+        write_manifest(manifest, out)
+    dist.barrier()
+    trainer = Trainer(plan, topo, sampler, device, compile=args.compile)
+    reporter = RankReporter(plan, topo, out, device, args)
+    results = []
+    try:
+        for step in range(args.steps):
+            stats = args.stats_every > 0 and step % args.stats_every == 0
+            results.append(trainer.step(step, stats=stats))
+            reporter.report(results[-1])
+            if topo.rank == 0:
+                save_cursor(sampler.cursor(step + 1), out / "data_cursor.json")
+    except NonFiniteError as exc:
+        if topo.rank == exc.rank:
+            reporter.event("non-finite", exc.step, {"what": exc.what, "value": str(exc.value)}, rank=exc.rank)
+        raise
+    finally:
+        reporter.progress.close()
+        reporter.writer.close()
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    try:
+        plan = loader.load(args.plan, args.overrides)
+        check_supported(plan)
+        if plan.layout.world_size != world:
+            raise LayoutError(
+                f"layout: the plan needs dp·tp·pp·cp = {plan.layout.world_size} ranks but {world} were started; "
+                f"launch with torchrun --nproc-per-node {plan.layout.world_size} (twin execute does this)"
+            )
+        if device == "cuda" and not torch.cuda.is_available():
+            raise LayoutError("--device cuda: no CUDA device is visible; use --device cpu")
+    except (PlanError, LayoutError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    dev = init_distributed(device, args.timeout_s)
+    try:
+        run_training(plan, args, dev)
+        code = 0
+    except NonFiniteError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        code = EXIT_NON_FINITE
+    except DataError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        code = EXIT_BAD_INPUT
+    dist.destroy_process_group()
+    return code
+
+
+if __name__ == "__main__":
+    exit_code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(exit_code)
