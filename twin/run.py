@@ -20,7 +20,7 @@ import simpy
 
 from plan.cluster import Cluster
 from plan.schema import Plan
-from twin.reliability import CORRELATED, HANG_CAUSES, CheckpointCost
+from twin.reliability import CORRELATED, HANG_CAUSES, LEAF_SWITCH_SHARE, NODE_LOSS, CheckpointCost
 
 SDC_LATENCY_S = 6 * 3600.0
 """Assumption: without periodic checks, a silent corruption surfaces as a loss spike or divergence hours later
@@ -60,6 +60,8 @@ class Segment:
     stall: float
     rate: float
     end: float
+    check_share: float = 0.0
+    """Share of training time spent in periodic SDC checks (already folded into `rate`)."""
 
     def checkpoints(self) -> int:
         """Checkpoints before the end of training."""
@@ -105,6 +107,8 @@ class RunSetup:
     free_nodes: int
     """Healthy cluster nodes beyond the job and its hot spares (the cold pool)."""
     leaf_nodes: int
+    replica_nodes: int
+    """Nodes one data-parallel replica occupies (tp · pp · cp accelerators)."""
     step_for_dp: Callable[[int], float]
     """Step time with fewer data-parallel replicas (elastic shrink), from the step model."""
 
@@ -142,6 +146,7 @@ class RunSim:
         self.hot = self.policy.hot_spares
         self.cold = setup.free_nodes
         self.dp = setup.plan.layout.dp
+        self.missing = 0  # nodes the job lacks until replacements arrive
         self.slow = 1.0
         self.corruptions: list[float] = []
         self.node_failures: Counter[int] = Counter()
@@ -159,9 +164,18 @@ class RunSim:
 
     def rate(self) -> float:
         """Useful seconds of training per wall second now (periodic SDC checks take their share)."""
-        rate = self.s.step_s / (self.s.step_for_dp(self.dp) * self.slow)
+        return self.base_rate() * (1 - self.check_share())
+
+    def base_rate(self) -> float:
+        return self.s.step_s / (self.s.step_for_dp(self.dp) * self.slow)
+
+    def check_share(self) -> float:
+        """Share of training wall time that periodic SDC checks take."""
         check = self.policy.sdc_check_interval_min * 60
-        return rate * check / (check + self.policy.sdc_check_s * rate) if check > 0 else rate
+        if check == 0:
+            return 0.0
+        paid = self.policy.sdc_check_s * self.base_rate()
+        return paid / (check + paid)
 
     def log(self, event: str, **detail: Any) -> None:
         self.t.events.append({"time_h": self.env.now / 3600, "event": event, **detail})
@@ -197,10 +211,10 @@ class RunSim:
         progress, taken = seg.after(elapsed)
         for ckpt_progress, completed_wall in taken:
             self.record_checkpoint(ckpt_progress, completed_wall)
-        stalls = len(taken) * seg.stall
-        healthy = self.s.step_s / self.s.step_for_dp(self.s.plan.layout.dp)
-        self.t.stall_s += stalls
-        self.t.degraded_s += (elapsed - stalls) * (1 - seg.rate / healthy)
+        training = (progress - seg.progress) / seg.rate
+        self.t.stall_s += elapsed - training  # whole stalls, and one a failure cut short
+        self.t.sdc_check_s += training * seg.check_share
+        self.t.degraded_s += training * (1 - seg.check_share) - (progress - seg.progress)
         self.progress = progress
         self.next_ckpt = taken[-1][0] + seg.interval if taken else seg.next_ckpt
         self.segment = None
@@ -245,7 +259,9 @@ class RunSim:
         """(progress to resume from, seconds to load it) after `hit`: the newest checkpoint that is durable now —
         on storage, or in a peer's memory if the failure spared the peer — and older than any corruption."""
         limit = hit.corrupted_at if hit.corrupted_at is not None else float("inf")
-        memory_ok = self.policy.checkpoint == "in-memory" and hit.cause not in CORRELATED
+        # host memory outlives a switch or GPU failure, and peers sit under another leaf (Gemini, SOSP'23, places
+        # replicas across groups), so the in-memory copy is lost only to corruption
+        memory_ok = self.policy.checkpoint == "in-memory"
         for progress, on_storage, in_memory in reversed(self.saved):
             if progress > limit:
                 continue
@@ -291,33 +307,42 @@ class RunSim:
         return self.policy.heartbeat_timeout_s
 
     def replace(self, nodes: int) -> Generator[Any, Any, float]:
-        """Swap in `nodes` replacements: hot spares first, then cold nodes (which need provisioning), then shrink
-        data parallelism (elastic) or wait for repairs. Returns the provisioning delay."""
-        from_hot = min(self.hot, nodes)
-        self.hot -= from_hot
-        short = nodes - from_hot
-        from_cold = min(self.cold, short)
-        self.cold -= from_cold
-        short -= from_cold
-        target = self.s.plan.layout.dp
-        if short and self.policy.elastic:
-            self.dp = max(1, self.dp - short)  # each missing node takes one replica out
+        """Make up the job's missing nodes (`nodes` more now): hot spares first, then cold nodes (which need
+        provisioning); if none are left, drop whole data-parallel replicas (elastic: their healthy nodes fill the
+        holes) or wait for repairs — a shortfall survives a failure that interrupts the wait. Grow dropped replicas
+        back when the pool allows. Returns the provisioning delay."""
+        self.missing += nodes
+        provision = self.fill()
+        per_replica = self.s.replica_nodes
+        if self.missing and self.policy.elastic and self.dp > 1:
+            dropped = min(self.dp - 1, -(-self.missing // per_replica))
+            self.dp -= dropped
+            self.cold += max(0, dropped * per_replica - self.missing)
+            self.missing = max(0, self.missing - dropped * per_replica)
             self.log("shrink", dp=self.dp)
-            short = 0
-        elif self.dp < target and self.cold + self.hot > 0:  # grow back what repairs returned
-            grow = min(target - self.dp, self.cold + self.hot)
-            taken = min(self.cold, grow)
-            self.cold -= taken
-            self.hot -= grow - taken
-            self.dp += grow
+        regrow = min(self.s.plan.layout.dp - self.dp, (self.hot + self.cold) // per_replica)
+        if regrow > 0 and not self.missing:
+            self.missing += regrow * per_replica
+            self.dp += regrow
+            provision |= self.fill()
+            self.log("grow", dp=self.dp)
         start = self.env.now
-        while short:
-            yield self.returned
-            take = min(short, self.hot + self.cold)
-            hot = min(self.hot, take)
-            self.hot, self.cold, short = self.hot - hot, self.cold - (take - hot), short - take
-        self.t.wait_s += self.env.now - start
-        return self.policy.provision_min * 60 if from_cold or self.env.now > start else 0.0
+        try:
+            while self.missing:
+                yield self.returned
+                provision |= self.fill()
+        finally:
+            self.t.wait_s += self.env.now - start
+        return self.policy.provision_min * 60 if provision else 0.0
+
+    def fill(self) -> bool:
+        """Take missing nodes from the hot spares, then the cold pool; True if a cold node was used."""
+        hot = min(self.hot, self.missing)
+        self.hot -= hot
+        cold = min(self.cold, self.missing - hot)
+        self.cold -= cold
+        self.missing -= hot + cold
+        return cold > 0
 
     # --- the fleet ----------------------------------------------------------------------------------------------
 
@@ -339,9 +364,15 @@ class RunSim:
             if cause == "planned":
                 self.strike(Hit("planned", 0, loses_work=False))
                 continue
-            nodes = self.s.leaf_nodes if cause in CORRELATED else 1
-            for _ in range(nodes):
+            if cause in CORRELATED:  # a link cuts one node off; a whole leaf switch every node under it
+                nodes = self.s.leaf_nodes if self.rng.random() < LEAF_SWITCH_SHARE else 1
+                for _ in range(nodes):  # they come back unharmed when the switch or link is fixed
+                    self.env.process(self.repair(None))
+            elif cause in NODE_LOSS:
+                nodes = 1
                 self.env.process(self.repair(int(self.rng.integers(self.s.job_nodes))))
+            else:  # a software fault: restart on the same nodes
+                nodes = 0
             if cause == "sdc":
                 self.env.process(self.surface(self.current_progress()))
             else:
@@ -364,11 +395,14 @@ class RunSim:
         if corrupted_at in self.corruptions:
             self.strike(Hit("sdc", 1, True, corrupted_at))
 
-    def repair(self, node: int) -> Generator[Any, Any, None]:
-        self.node_failures[node] += 1
-        if self.node_failures[node] >= self.policy.fence_after:
-            self.log("fenced", node=node)
-            return
+    def repair(self, node: int | None) -> Generator[Any, Any, None]:
+        """A failed node (or, for None, a node cut off by a switch) returns to the pool after the repair time,
+        unless its own repeated failures get it fenced off for good."""
+        if node is not None:
+            self.node_failures[node] += 1
+            if self.node_failures[node] >= self.policy.fence_after:
+                self.log("fenced", node=node)
+                return
         yield self.env.timeout(self.s.cluster.failures.repair_hours * 3600)
         if self.hot < self.policy.hot_spares:
             self.hot += 1

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field, replace
-from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -63,27 +62,27 @@ class RunPrediction:
 
 
 def _step_for_dp(plan: Plan, cluster: Cluster, step_s: float) -> Callable[[int], float]:
-    """Step time when only `dp` replicas are left, from the step model, at the same tokens per step."""
+    """Step time when only `dp` replicas are left at the same global batch, so each does dp_0/dp times the
+    microbatches. Once the pipeline is full a step is linear in its microbatches, a + b·m, so the step model is
+    evaluated at m and 2m and the line extrapolated (a direct prediction at dp = 1 would simulate the whole
+    batch as one replica's microbatches)."""
     lay = plan.layout
+    m = plan.num_microbatches
+    try:
+        doubled = loader.validate_plan(
+            {
+                **plan.model_dump(mode="json"),
+                "training": {**plan.training.model_dump(mode="json"), "global_batch": 2 * plan.training.global_batch},
+            },
+            "elastic",
+        )
+        slope = predict(doubled, cluster).step_time_s - step_s
+    except PlanError:
+        slope = step_s / m
+    intercept = step_s - slope * m
 
-    @lru_cache(maxsize=64)
     def step(dp: int) -> float:
-        if dp >= lay.dp:
-            return step_s
-        per = dp * lay.microbatch_size * (lay.pp if lay.schedule == "interleaved-1f1b" else 1)
-        batch = -(-plan.training.global_batch // per) * per
-        try:
-            shrunk = loader.validate_plan(
-                {
-                    **plan.model_dump(mode="json"),
-                    "layout": {**lay.model_dump(mode="json"), "dp": dp, "ep": 1 if dp % lay.ep else lay.ep},
-                    "training": {**plan.training.model_dump(mode="json"), "global_batch": batch},
-                },
-                "elastic shrink",
-            )
-        except PlanError:
-            return step_s * lay.dp / dp
-        return predict(shrunk, cluster).step_time_s * plan.training.global_batch / batch
+        return step_s if dp >= lay.dp else intercept + slope * m * lay.dp / dp
 
     return step
 
@@ -108,6 +107,7 @@ def setup(plan: Plan, cluster: Cluster | None = None, step_s: float | None = Non
         job_nodes=job_nodes,
         free_nodes=max(0, cluster.nodes - job_nodes - plan.reliability.hot_spares),
         leaf_nodes=cluster.fabric.tiers[0].span_nodes if cluster.fabric.tiers else 1,
+        replica_nodes=max(1, -(-plan.layout.world_size // plan.layout.dp // cluster.node.gpus)),
         step_for_dp=_step_for_dp(plan, cluster, step_s),
     )
 
