@@ -20,20 +20,9 @@ from rich.table import Table
 
 from plan import loader
 from twin.predict import predict
+from twin.published import LLAMA3_TABLE_5
 from twin.runs import run_seeds, setup, simulate_run, summarise
 
-TABLE_5 = {
-    "gpu": 165,
-    "hbm": 72,
-    "sram": 19,
-    "nic": 7,
-    "switch": 35,
-    "host": 46,
-    "software": 63,
-    "sdc": 6,
-    "thermal": 6,
-    "planned": 47,
-}
 SEEDS = 100
 SLACK = ["layout.dp=760", "training.global_batch=24320", "reliability.hot_spares=128"]
 """2.7% of the fleet held back: 760 replicas leave 336 nodes, 128 of them hot spares."""
@@ -76,10 +65,10 @@ def llama() -> dict:
     stats = summarise(runs)
     scale = 54 / stats["wall_days"]["mean"]
     return {
-        "per_54_days": {c: stats["interruptions"].get(c, 0) * scale for c in TABLE_5},
+        "per_54_days": {c: stats["interruptions"].get(c, 0) * scale for c in LLAMA3_TABLE_5},
         "stragglers_per_54_days": stats["interruptions"].get("straggler", 0) * scale,
         "goodput": stats["goodput"],
-        "published": TABLE_5,
+        "published": LLAMA3_TABLE_5,
     }
 
 
@@ -108,7 +97,7 @@ def main() -> None:
     table = Table(title="Llama 3 405B, 16,384 H100, 54 days: interruptions by cause")
     for col in ("cause", "simulated (mean of 20)", "Llama 3 Table 5"):
         table.add_column(col)
-    for cause, published in TABLE_5.items():
+    for cause, published in LLAMA3_TABLE_5.items():
         table.add_row(cause, f"{results['llama3']['per_54_days'][cause]:.1f}", str(published))
     table.add_row("total", f"{sum(results['llama3']['per_54_days'].values()):.1f}", "466")
     console.print(table)

@@ -9,22 +9,10 @@ import numpy as np
 import pytest
 
 from plan import loader
+from twin.published import LLAMA3_TABLE_5
 from twin.reliability import CheckpointCost, daly_interval_s, young_interval_s
 from twin.run import RunSetup, Segment
 from twin.runs import run_seeds, setup, simulate_run, summarise, sweep_checkpoint
-
-LLAMA3_TABLE_5 = {
-    "gpu": 165,
-    "hbm": 72,
-    "sram": 19,
-    "nic": 7,
-    "switch": 35,
-    "host": 46,
-    "software": 63,
-    "sdc": 6,
-    "thermal": 6,
-    "planned": 47,
-}  # Dubey et al. 2024, Table 5 grouped as the catalogue groups it
 
 
 def synthetic(mtbf_h: float, cost_s: float, useful_h: float, interval_s: float = 600.0) -> RunSetup:

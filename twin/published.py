@@ -101,3 +101,19 @@ class LlamaRow:
 
 
 LLAMA3_TABLE_4 = (LlamaRow(8192, 64, 32, 430, 0.43), LlamaRow(16384, 128, 16, 400, 0.41))
+
+
+LLAMA3_TABLE_5 = {
+    "gpu": 165,
+    "hbm": 72,
+    "sram": 19,
+    "nic": 7,
+    "switch": 35,
+    "host": 46,
+    "software": 63,
+    "sdc": 6,
+    "thermal": 6,
+    "planned": 47,
+}
+"""Llama 3 405B's 54-day interruptions (Dubey et al. 2024, Table 5 and §3.3.4: 419 unexpected + 47 planned on
+2,048 nodes), grouped into the twin's failure causes as topologies/*.yaml group them."""
