@@ -85,6 +85,8 @@ class PassCost:
     forward_flops: float
     backward_flops: float
     recompute_flops: float
+    attention_s: float = 0.0
+    """Forward time of the attention core alone (what context-parallel exchanges can hide behind)."""
 
 
 def _gemms(m: ModelSpec, tokens: int, tp: int, moe: bool) -> list[float]:
@@ -149,6 +151,7 @@ def layer_cost(
         forward_flops=sum(gemms) + attn,
         backward_flops=2 * sum(gemms) + 2.5 * attn,
         recompute_flops=recompute_flops,
+        attention_s=attn_fwd,
     )
 
 

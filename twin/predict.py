@@ -22,7 +22,7 @@ from twin import schedules
 from twin.collectives import InNetwork, collective_time
 from twin.compute import Device, PassCost, Shape, embedding_cost, head_cost, layer_cost
 from twin.fabric import Fabric, GroupSpan
-from twin.memory import MemoryBreakdown, memory_breakdown, rank_state_bytes, stage_layer_ranges, stage_params
+from twin.memory import MemoryBreakdown, layer_params, memory_breakdown, stage_layer_ranges, stage_params
 from twin.memory import activation_bytes as layer_activation_bytes
 from twin.pipeline import ActionCost, PipelineInput, PipelineResult, simulate
 
@@ -138,7 +138,7 @@ def _layer_comm(ctx: _Context, cost: PassCost, moe: bool) -> dict[str, tuple[flo
     if lay.cp > 1:  # ring attention passes K and V around the cp ranks, overlapped with the attention blocks
         kv = 2 * tokens * m.n_kv_heads * m.d_head / lay.tp * ctx.comm_bytes
         ring = (lay.cp - 1) * ctx.time("p2p", kv, ctx.span("cp"))
-        attention = cost.forward_s * 0.5  # the attention share of a layer is about half at long context
+        attention = cost.attention_s  # each ring step overlaps one block of attention (2.5x as long backward)
         out["cp"] = (max(0.0, ring - attention), max(0.0, 2 * ring - 2.5 * attention))
     if moe and lay.ep > 1:  # dispatch and combine all-to-alls of top_k copies of each token, each way
         moved = tokens * m.top_k * m.hidden * ctx.comm_bytes
@@ -153,8 +153,6 @@ def _layer_comm(ctx: _Context, cost: PassCost, moe: bool) -> dict[str, tuple[flo
 def _zero3_layer_exposed(ctx: _Context, layer: int, cost: PassCost) -> tuple[float, float]:
     """FSDP without pipelining: each layer's weights are gathered before use and its gradients reduce-scattered,
     prefetched one layer ahead, so only what outlasts the layer's compute shows."""
-    from twin.memory import layer_params
-
     p = layer_params(ctx.plan, layer)
     dp = ctx.span("dp")
     gather = ctx.time("all_gather", 2 * (p.dense + p.expert), dp)
@@ -243,22 +241,21 @@ def _dp_costs(ctx: _Context) -> tuple[dict[int, float], dict[int, float], float]
 
 
 def _optimizer_s(ctx: _Context) -> dict[int, float]:
+    """Seconds of the Adam step on each pipeline rank: memory-bound over the parameters it updates — its ZeRO
+    shard from stage 1 on (dense over dp, experts over dp / ep), all of its parameters without ZeRO."""
     lay = ctx.plan.layout
     out = {}
     for rank in range(lay.pp):
-        stages = [s for s in range(lay.num_stages) if schedules.stage_rank(lay.schedule, lay.pp, s) == rank]
-        _, grads, _ = rank_state_bytes(ctx.plan, stages)
-        local_params = (
-            grads / 2
-            if lay.zero >= 1
-            else sum(stage_params(ctx.plan, s).dense + stage_params(ctx.plan, s).expert for s in stages)
-        )
-        if lay.zero == 1:  # ZeRO-1 keeps full gradients but updates only its shard
-            local_params = sum(
-                stage_params(ctx.plan, s).dense / lay.dp + stage_params(ctx.plan, s).expert / (lay.dp // lay.ep)
-                for s in stages
-            )
-        out[rank] = ctx.device.memory_s(ADAM_BYTES_PER_PARAM * local_params, 4)
+        params = [
+            stage_params(ctx.plan, s)
+            for s in range(lay.num_stages)
+            if schedules.stage_rank(lay.schedule, lay.pp, s) == rank
+        ]
+        if lay.zero >= 1:
+            local = sum(p.dense / lay.dp + p.expert / (lay.dp // lay.ep) for p in params)
+        else:
+            local = sum(p.dense + p.expert for p in params)
+        out[rank] = ctx.device.memory_s(ADAM_BYTES_PER_PARAM * local, 4)
     return out
 
 
