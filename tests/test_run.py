@@ -121,3 +121,33 @@ def test_simulated_optimal_interval_is_dalys(mtbf_h: float, cost_s: float) -> No
     intervals = [daly * f for f in np.geomspace(0.4, 2.5, 11)]
     result = sweep_checkpoint(base, intervals, range(6))
     assert result.optimum_min * 60 == pytest.approx(daly, rel=0.10)
+
+
+def test_replacements_from_outside_the_rail_group_slow_the_job_until_repacked() -> None:
+    # an FSDP job filling a 384-node pod of Meta's cluster: the nearest free node is in the next pod, so a cold
+    # replacement puts a data-parallel ring hop across the 1:7 aggregation layer. The same pod split as 380 job
+    # nodes and 4 hot spares reserved inside it keeps replacements local.
+    model = [
+        "model=llama3-8b",
+        "layout.tp=8",
+        "layout.pp=1",
+        "layout.schedule=1f1b",
+        "layout.virtual_stages=1",
+        "layout.zero=3",
+        "training.tokens=2.0e+12",
+        "reliability.failure_rates={gpu: 0.002}",
+    ]
+    full = setup(
+        loader.load(
+            "llama3-405b-16k", [*model, "layout.dp=384", "training.global_batch=384", "reliability.hot_spares=0"]
+        )
+    )
+    spared = setup(
+        loader.load(
+            "llama3-405b-16k", [*model, "layout.dp=380", "training.global_batch=380", "reliability.hot_spares=4"]
+        )
+    )
+    assert full.remote_step_s > 1.2 * full.step_s
+    slowed = np.mean([simulate_run(full, s).degraded_hours for s in range(4)])
+    kept = np.mean([simulate_run(spared, s).degraded_hours for s in range(4)])
+    assert slowed > 1.0 and slowed > 3 * kept

@@ -85,8 +85,10 @@ def _tier(name: str, level: int, span: int, bw_GBps: float, eff: float, lat_us: 
 class Fabric:
     """A cluster's fabric with the plan's ranks placed on it."""
 
-    def __init__(self, cluster: Cluster) -> None:
+    def __init__(self, cluster: Cluster, relocated: dict[int, int] | None = None) -> None:
         self.cluster = cluster
+        self.relocated = dict(relocated or {})
+        """Job node -> the cluster node it actually runs on, for nodes swapped in from elsewhere."""
         self.gpus_per_node = cluster.node.gpus
         intra = cluster.node.intra
         self.tiers: tuple[Tier, ...] = (
@@ -101,8 +103,11 @@ class Fabric:
     # --- placement -------------------------------------------------------------------------------------------
 
     def node_of(self, ranks: np.ndarray) -> np.ndarray:
-        """Node index of each rank: ranks fill accelerators in rank order."""
-        return np.asarray(ranks) // self.gpus_per_node
+        """Node index of each rank: ranks fill accelerators in rank order, unless their node was relocated."""
+        nodes = np.asarray(ranks) // self.gpus_per_node
+        if self.relocated:
+            nodes = np.array([self.relocated.get(int(n), int(n)) for n in np.atleast_1d(nodes)])
+        return nodes
 
     def local_of(self, ranks: np.ndarray) -> np.ndarray:
         """Accelerator index inside its node (which rail its NIC is on)."""
@@ -140,8 +145,11 @@ class Fabric:
                 len(arr), per_node, 1, 0, intra.name, bw, float("inf"), bw, intra.latency_s, intra.latency_s, hops
             )
         crossed = self.tiers[1 : level + 1]
-        # m rings, each crossing nodes on its own rail NIC; above the leaf, over-subscription divides it
-        inter = min(per_node * t.busbw_Bps / (t.oversubscription if t.level > 1 else 1.0) for t in crossed)
+        # m rings, each crossing nodes on its own rail NIC. Above the leaf a ring leaves each domain of the tier
+        # below once per group, so if the group has k members in every such domain, the domain's uplinks (its
+        # GPUs' bandwidth / over-subscription) carry 1/k of its GPUs' traffic: they slow the ring only when k is
+        # smaller than the over-subscription.
+        inter = min(per_node * t.busbw_Bps / self._crowding(arr, t) for t in crossed)
         ring = min(inter, intra.busbw_Bps) if per_node > 1 else inter
         return GroupSpan(
             size=len(arr),
@@ -158,6 +166,14 @@ class Fabric:
             intra_latency_s=intra.latency_s,
             hops=2 * level - 1 + (1 if per_node > 1 and level == 1 else 0),
         )
+
+    def _crowding(self, arr: np.ndarray, tier: Tier) -> float:
+        """How much tier `tier`'s over-subscription slows a ring over `arr` (>= 1; see _tree_span)."""
+        if tier.level < 2 or tier.oversubscription <= 1:
+            return 1.0
+        below = self.tiers[tier.level - 1].span_nodes
+        _, members = np.unique(self.node_of(arr) // below, return_counts=True)
+        return max(1.0, tier.oversubscription / float(members.min()))
 
     def _torus_span(self, arr: np.ndarray) -> GroupSpan:
         """On a torus a group is a sub-block of chips: rings along each spanned dimension run at once."""

@@ -41,6 +41,9 @@ class PredictOptions:
     """Apply the cluster's per-rank step-time variation (the slowest of N ranks)."""
     algorithm: str | None = None
     """Force one collective algorithm where it applies (ring, tree, hierarchical, nvls, sharp)."""
+    relocated: tuple[tuple[int, int], ...] = ()
+    """Job nodes running elsewhere in the cluster, as (job node, cluster node): a replacement from outside the job's
+    rail group."""
 
 
 @dataclass(frozen=True)
@@ -113,7 +116,7 @@ def _context(plan: Plan, cluster: Cluster, options: PredictOptions) -> _Context:
     return _Context(
         plan=plan,
         cluster=cluster,
-        fabric=Fabric(cluster),
+        fabric=Fabric(cluster, dict(options.relocated)),
         grid=RankGrid.from_layout(lay),
         device=Device.of(cluster, plan.training.dtype, min(lay.world_size, node.gpus)),
         net=InNetwork(nvls_link_Bps=nvls, sharp=cluster.fabric.sharp),

@@ -109,6 +109,9 @@ class RunSetup:
     leaf_nodes: int
     replica_nodes: int
     """Nodes one data-parallel replica occupies (tp · pp · cp accelerators)."""
+    remote_step_s: float
+    """Step time while a replacement from outside the job's rail group sits in a data-parallel (or pipeline)
+    group, so that group crosses a higher tier (the step model with that node relocated)."""
     step_for_dp: Callable[[int], float]
     """Step time with fewer data-parallel replicas (elastic shrink), from the step model."""
 
@@ -143,8 +146,10 @@ class RunSim:
         # checkpoints taken: (progress, wall time durable on storage, wall time held in a peer's memory)
         self.saved: list[tuple[float, float, float]] = [(0.0, 0.0, 0.0)]
         self.last_flush = 0.0
-        self.hot = self.policy.hot_spares
-        self.cold = setup.free_nodes
+        self.hot = self.policy.hot_spares  # reserved inside the job's rail groups (topology-aware)
+        self.local = 0  # repaired job nodes back in the pool beyond the hot spares: still inside the rail groups
+        self.cold = setup.free_nodes  # the rest of the cluster: a node from here lands outside the rail groups
+        self.remote = 0  # job nodes running outside their rail group
         self.dp = setup.plan.layout.dp
         self.missing = 0  # nodes the job lacks until replacements arrive
         self.slow = 1.0
@@ -167,7 +172,8 @@ class RunSim:
         return self.base_rate() * (1 - self.check_share())
 
     def base_rate(self) -> float:
-        return self.s.step_s / (self.s.step_for_dp(self.dp) * self.slow)
+        placement = self.s.remote_step_s / self.s.step_s if self.remote else 1.0
+        return self.s.step_s / (self.s.step_for_dp(self.dp) * self.slow * placement)
 
     def check_share(self) -> float:
         """Share of training wall time that periodic SDC checks take."""
@@ -317,10 +323,10 @@ class RunSim:
         if self.missing and self.policy.elastic and self.dp > 1:
             dropped = min(self.dp - 1, -(-self.missing // per_replica))
             self.dp -= dropped
-            self.cold += max(0, dropped * per_replica - self.missing)
+            self.local += max(0, dropped * per_replica - self.missing)
             self.missing = max(0, self.missing - dropped * per_replica)
             self.log("shrink", dp=self.dp)
-        regrow = min(self.s.plan.layout.dp - self.dp, (self.hot + self.cold) // per_replica)
+        regrow = min(self.s.plan.layout.dp - self.dp, (self.hot + self.local + self.cold) // per_replica)
         if regrow > 0 and not self.missing:
             self.missing += regrow * per_replica
             self.dp += regrow
@@ -336,13 +342,20 @@ class RunSim:
         return self.policy.provision_min * 60 if provision else 0.0
 
     def fill(self) -> bool:
-        """Take missing nodes from the hot spares, then the cold pool; True if a cold node was used."""
+        """Take missing nodes from the hot spares, then repaired local nodes, then the rest of the cluster (which
+        lands outside the rail groups); first swap remote nodes back for local ones (topology-aware re-pack).
+        True if a node needing provisioning was used."""
+        back = min(self.remote, self.hot + self.local)
+        self.remote -= back
+        self.missing += back
+        self.cold += back
         hot = min(self.hot, self.missing)
-        self.hot -= hot
-        cold = min(self.cold, self.missing - hot)
-        self.cold -= cold
-        self.missing -= hot + cold
-        return cold > 0
+        local = min(self.local, self.missing - hot)
+        cold = min(self.cold, self.missing - hot - local)
+        self.hot, self.local, self.cold = self.hot - hot, self.local - local, self.cold - cold
+        self.missing -= hot + local + cold
+        self.remote += cold
+        return local + cold > 0
 
     # --- the fleet ----------------------------------------------------------------------------------------------
 
@@ -404,10 +417,12 @@ class RunSim:
                 self.log("fenced", node=node)
                 return
         yield self.env.timeout(self.s.cluster.failures.repair_hours * 3600)
-        if self.hot < self.policy.hot_spares:
+        if node is None:  # cut off by a switch: it returns to its place in the job's pool
+            self.local += 1
+        elif self.hot < self.policy.hot_spares:
             self.hot += 1
         else:
-            self.cold += 1
+            self.local += 1
         self.returned.succeed()
         self.returned = self.env.event()
 

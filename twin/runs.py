@@ -12,8 +12,9 @@ import numpy as np
 from plan import loader
 from plan.cluster import Cluster
 from plan.loader import PlanError
+from plan.rank_grid import RankGrid
 from plan.schema import Plan
-from twin.predict import predict
+from twin.predict import PredictOptions, predict
 from twin.reliability import checkpoint_cost, daly_interval_s, job_failure_rates, young_interval_s
 from twin.run import RunSetup, RunSim
 
@@ -87,6 +88,21 @@ def _step_for_dp(plan: Plan, cluster: Cluster, step_s: float) -> Callable[[int],
     return step
 
 
+def _remote_step_s(plan: Plan, cluster: Cluster, step_s: float) -> float:
+    """Step time with one node of rank 0's data-parallel group (or its pipeline neighbour) replaced by the nearest
+    node outside the job and its spares, as a scheduler without a local spare would place it."""
+    job_nodes = -(-plan.layout.world_size // cluster.node.gpus)
+    outside = job_nodes + plan.reliability.hot_spares
+    axis = "dp" if plan.layout.dp > 1 else "pp"
+    grid = RankGrid.from_layout(plan.layout)
+    group = grid.group_of(0, axis)
+    if outside >= cluster.nodes or len(group) < 2:
+        return step_s
+    moved = int(group[1]) // cluster.node.gpus
+    options = PredictOptions(relocated=((moved, outside),))
+    return max(step_s, predict(plan, cluster, options).step_time_s)
+
+
 def setup(plan: Plan, cluster: Cluster | None = None, step_s: float | None = None) -> RunSetup:
     """Everything the run simulation needs for `plan`."""
     cluster = cluster or loader.plan_cluster(plan)
@@ -108,6 +124,7 @@ def setup(plan: Plan, cluster: Cluster | None = None, step_s: float | None = Non
         free_nodes=max(0, cluster.nodes - job_nodes - plan.reliability.hot_spares),
         leaf_nodes=cluster.fabric.tiers[0].span_nodes if cluster.fabric.tiers else 1,
         replica_nodes=max(1, -(-plan.layout.world_size // plan.layout.dp // cluster.node.gpus)),
+        remote_step_s=_remote_step_s(plan, cluster, step_s),
         step_for_dp=_step_for_dp(plan, cluster, step_s),
     )
 
