@@ -343,9 +343,10 @@ class RunSim:
 
     def fill(self) -> bool:
         """Take missing nodes from the hot spares, then repaired local nodes, then the rest of the cluster (which
-        lands outside the rail groups); first swap remote nodes back for local ones (topology-aware re-pack).
+        lands outside the rail groups); first swap remote nodes back for local ones where their placement slows the
+        job (topology-aware re-pack).
         True if a node needing provisioning was used."""
-        back = min(self.remote, self.hot + self.local)
+        back = min(self.remote, self.hot + self.local) if self.s.remote_step_s > self.s.step_s else 0
         self.remote -= back
         self.missing += back
         self.cold += back
