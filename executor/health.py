@@ -74,15 +74,19 @@ def pid_alive(pid: int) -> bool:
 def diagnose(
     beats: list[Beat], attempt: int, now: float, timeout_s: float, host: str, alive: Callable[[int], bool]
 ) -> Verdict | None:
-    """The first rank of this attempt that is dead or hung, by its heartbeat; None if all are well."""
-    for beat in sorted(beats, key=lambda b: b.rank):
+    """The rank of this attempt that is dead or hung, by its heartbeat; None if all are well.
+
+    Of several, the one silent longest: the first to fail takes its peers' collectives down with it.
+    """
+    found = []
+    for beat in beats:
         if beat.attempt != attempt or beat.done:
             continue
         if beat.host == host and not alive(beat.pid):
-            return Verdict(beat.rank, beat.step, "died", now - beat.time_unix)
-        if now - beat.time_unix > timeout_s:
-            return Verdict(beat.rank, beat.step, "hung", now - beat.time_unix)
-    return None
+            found.append(Verdict(beat.rank, beat.step, "died", now - beat.time_unix))
+        elif now - beat.time_unix > timeout_s:
+            found.append(Verdict(beat.rank, beat.step, "hung", now - beat.time_unix))
+    return max(found, key=lambda v: (v.silent_s, -v.rank), default=None)
 
 
 class Health:
@@ -97,6 +101,7 @@ class Health:
         self.host, self.step = socket.gethostname(), 0
         self.stopped = threading.Event()
         self.paused = False
+        self.lock = threading.Lock()  # the beat thread and the main thread both write this rank's file
         self.thread = threading.Thread(target=self._loop, name="heartbeat", daemon=True)
 
     def start(self) -> None:
@@ -106,7 +111,9 @@ class Health:
             signal.signal(signal.SIGTERM, self._on_sigterm)
 
     def beat(self, step: int) -> None:
+        """A new step begins: say so at once, so that a verdict names the step a rank died in."""
         self.step = step
+        self._write()
 
     def pause(self) -> None:
         """Stop beating and watching: what a hung rank looks like from outside."""
@@ -121,9 +128,10 @@ class Health:
     def _write(self, done: bool = False) -> None:
         beat = Beat(self.rank, self.attempt, self.step, os.getpid(), self.host, time.time(), done)
         path = self.dir / f"rank_{self.rank:05d}.json"
-        tmp = path.with_suffix(f".tmp{os.getpid()}")
-        tmp.write_text(json.dumps(asdict(beat)))
-        tmp.replace(path)
+        with self.lock:
+            tmp = path.with_suffix(f".tmp{os.getpid()}")
+            tmp.write_text(json.dumps(asdict(beat)))
+            tmp.replace(path)
 
     def read(self) -> list[Beat]:
         beats = []
@@ -150,12 +158,17 @@ class Health:
         if self.rank == min(live, default=self.rank):
             message = verdict.message(self.timeout_s)
             detail = {"cause": verdict.cause, "silent_s": verdict.silent_s, "message": message}
-            self.event("detected", verdict.step, detail, rank=verdict.rank)
+            self.event("detected", verdict.step, detail, rank=verdict.rank, duration_s=verdict.silent_s)
             print(f"error: {message}", file=sys.stderr, flush=True)
         os._exit(EXIT_PEER_FAILED)
 
     def explain(self) -> None:
-        """After a failed collective: wait for the watchdog's verdict and leave with it; return if there is none."""
+        """After a failed collective: wait for the watchdog's verdict and leave with it; return if there is none.
+
+        This rank first marks itself done, so that its own exit is not taken for the failure it reports.
+        """
+        self.stopped.set()
+        self._write(done=True)
         deadline = time.monotonic() + self.timeout_s + 2 * self.period
         while time.monotonic() < deadline:
             verdict = self.check()

@@ -224,8 +224,13 @@ def run_training(plan: Plan, args: argparse.Namespace, device: torch.device) -> 
 
 def _peer_failure(exc: BaseException) -> bool:
     """Whether an error looks like a collective that lost a peer (gloo: connection reset; NCCL: DistError)."""
-    text = str(exc).lower()
-    return isinstance(exc, dist.DistError) or any(w in text for w in ("gloo", "connection", "timed out"))
+    chain: BaseException | None = exc
+    while chain is not None:  # pipelining wraps the collective's error in its own
+        text = str(chain).lower()
+        if isinstance(chain, dist.DistError) or any(w in text for w in ("gloo", "connection", "timed out")):
+            return True
+        chain = chain.__cause__
+    return False
 
 
 class TrainLoop:
