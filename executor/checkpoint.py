@@ -123,7 +123,7 @@ def _reason(exc: BaseException) -> str:
     """The first underlying cause of a DCP failure, in one line."""
     if isinstance(exc, CheckpointException) and exc.failures:
         rank, failure = sorted(exc.failures.items())[0]
-        inner = getattr(failure, "exc", failure)
+        inner = failure[0] if isinstance(failure, tuple) else failure  # DCP wraps (exception, traceback)
         return f"rank {rank}: {_reason(inner) if isinstance(inner, BaseException) else inner}"
     if isinstance(exc, OSError) and exc.strerror:
         return f"{exc.strerror}{f' ({exc.filename})' if exc.filename else ''}"

@@ -177,7 +177,11 @@ class Health:
             time.sleep(self.period)
 
     def _on_sigterm(self, signum: int, frame: FrameType | None) -> None:
+        """torchrun stops the gang because some rank failed: name it if we can; either way, this one is not it."""
         verdict = None if self.paused else self.check()
         if verdict is not None:
             self.fail(verdict)
+        if not self.paused:
+            self.stopped.set()
+            self._write(done=True)
         os._exit(EXIT_TERMINATED)
