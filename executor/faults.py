@@ -144,7 +144,8 @@ class FaultInjector:
         for kind in RESTART_KINDS:
             for f, facts in self._struck(kind):
                 if facts["attempt"] < self.attempt:
-                    self._recover(f, facts, step, facts["step"] - self.resumed_from)
+                    done = facts["step"] + (kind == "ckpt-crash")  # a write fault strikes after its step completed
+                    self._recover(f, facts, step, done - self.resumed_from)
         for f, facts in self._struck("bitflip"):
             if facts.get("rolled_back"):
                 self._recover(f, facts, step, facts["step"] + 1 - self.resumed_from)
