@@ -160,6 +160,8 @@ class Health:
             detail = {"cause": verdict.cause, "silent_s": verdict.silent_s, "message": message}
             self.event("detected", verdict.step, detail, rank=verdict.rank, duration_s=verdict.silent_s)
             print(f"error: {message}", file=sys.stderr, flush=True)
+        self.stopped.set()
+        self._write(done=True)  # leaving on purpose: whoever looks next must not blame this rank
         os._exit(EXIT_PEER_FAILED)
 
     def explain(self) -> None:
