@@ -5,6 +5,12 @@ part of the layout and trains for `--steps` steps, appending one StepRecord per 
 rank 0 writes `<out>/manifest.json`, the job-wide figures and the progress line. Bad input exits 2 with one
 line; a non-finite loss or gradient norm exits 3 naming the step and rank. Processes end with `os._exit` once
 their output is flushed: torch 2.13 processes that built a DeviceMesh sometimes abort in interpreter teardown.
+
+Under faults (issue 6): checkpoints as the plan's reliability section says (`executor.checkpoint`), resume from
+the latest good one on start, so a restart by `torchrun --max-restarts` continues where the gang left off; a
+heartbeat per rank whose watchdog names a dead or hung rank (`executor.health`, exit 4); injected faults
+(`--inject KIND@STEP[:RANK]`, `executor.faults`, an injected crash exits 17); a cross-replica weight checksum
+that rolls back to the last checkpoint when replicas disagree.
 """
 
 from __future__ import annotations
@@ -20,8 +26,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from executor.checkpoint import Checkpointer
+from executor.ckpt_store import CheckpointError
 from executor.data import DataError, Sampler, open_corpus, save_cursor
 from executor.engine import StepResult, Trainer
+from executor.faults import FaultInjector, replicas_disagree
+from executor.health import Health
 from executor.parallel import LayoutError, Topology, check_supported
 from executor.progress import Progress
 from executor.sanity import NonFiniteError, SpikeDetector
@@ -40,7 +50,7 @@ from executor.telemetry import (
 from plan import loader
 from plan.loader import PlanError
 from plan.records import EventRecord, LayerStatsRecord, RankCoords, StepRecord
-from plan.schema import Plan
+from plan.schema import FaultSpec, Plan
 
 EXIT_BAD_INPUT, EXIT_NON_FINITE = 2, 3
 
@@ -58,6 +68,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--straggler-threshold", type=float, default=STRAGGLER_THRESHOLD)
     p.add_argument("--compile", action="store_true", help="torch.compile each layer")
     p.add_argument("--no-progress", action="store_true", help="no live progress line")
+    p.add_argument("--checkpoint-dir", type=Path, default=None, help="default: <out>/checkpoints")
+    p.add_argument("--resume-from", type=Path, default=None, help="a checkpoint directory (default: the latest good)")
+    p.add_argument("--inject", action="append", default=[], help="KIND@STEP[:RANK], a fault to inject (repeatable)")
     args = p.parse_args(argv)
     if args.steps < 1:
         p.error("--steps must be at least 1")
@@ -113,12 +126,13 @@ class RankReporter:
         self.spikes = {"loss": SpikeDetector(), "grad_norm": SpikeDetector()}
         self.progress = Progress(args.steps, enabled=topo.rank == 0 and not args.no_progress)
 
-    def report(self, res: StepResult) -> None:
+    def report(self, res: StepResult) -> tuple[int, ...]:
+        """Write the step's records; rank 0 returns the stragglers it found."""
         busy = res.phases["forward"] + res.phases["backward"] + res.phases["optimizer"]
         mine = torch.tensor([res.step_s, busy], dtype=torch.float64, device=self.device)
         everyone = [torch.zeros_like(mine) for _ in range(dist.get_world_size())]
         dist.all_gather(everyone, mine)
-        extra: dict[str, Any] = {}
+        extra: dict[str, Any] = {"stragglers": ()}
         if self.topo.rank == 0:
             extra = dict(job_figures(self.plan, [float(t[0]) for t in everyone], self.peak))
             busy_s = [float(t[1]) for t in everyone]
@@ -153,6 +167,7 @@ class RankReporter:
             )
         if self.topo.rank == 0:
             self._flag_spikes(res)
+        return tuple(extra["stragglers"])
 
     def _flag_spikes(self, res: StepResult) -> None:
         for metric, value in (("loss", res.job_loss), ("grad_norm", res.grad_norm)):
@@ -160,12 +175,14 @@ class RankReporter:
             if spike is not None:
                 self.event("spike", res.step, {"metric": metric, **spike})
 
-    def event(self, name: str, step: int, detail: dict[str, object], rank: int = -1) -> None:
-        self.writer.write(EventRecord(event=name, step=step, rank=rank, time_unix=time.time(), detail=detail))
+    def event(self, name: str, step: int, detail: dict[str, object], rank: int = -1, duration_s: float = 0.0) -> None:
+        when = time.time()
+        record = EventRecord(event=name, step=step, rank=rank, time_unix=when, duration_s=duration_s, detail=detail)
+        self.writer.write(record)
 
 
 def run_training(plan: Plan, args: argparse.Namespace, device: torch.device) -> list[StepResult]:
-    """Train `args.steps` steps of `plan` on this rank; every rank returns its own results."""
+    """Train up to step `args.steps` of `plan` on this rank; every rank returns its own results."""
     topo = Topology.build(plan, device.type)
     sampler = open_data(plan, args.data)
     out = args.out or default_run_dir(plan)
@@ -185,22 +202,133 @@ def run_training(plan: Plan, args: argparse.Namespace, device: torch.device) -> 
     dist.barrier()
     trainer = Trainer(plan, topo, sampler, device, compile=args.compile)
     reporter = RankReporter(plan, topo, out, device, args)
-    results = []
+    health = Health(out, topo.rank, plan.reliability.heartbeat_timeout_s, reporter.event)
+    faults = FaultInjector(plan, topo.rank, out, reporter.event, health)
+    root = args.checkpoint_dir or out / "checkpoints"
+    ckpt = Checkpointer(plan, trainer, sampler, root, reporter.event, faults.writer_fault, faults.crash, faults)
+    health.start()
     try:
-        for step in range(args.steps):
-            stats = args.stats_every > 0 and step % args.stats_every == 0
-            results.append(trainer.step(step, stats=stats))
-            reporter.report(results[-1])
-            if topo.rank == 0:
-                save_cursor(sampler.cursor(step + 1), out / "data_cursor.json")
+        return TrainLoop(plan, args, topo, trainer, reporter, health, faults, ckpt).run()
     except NonFiniteError as exc:
         if topo.rank == exc.rank:
             reporter.event("non-finite", exc.step, {"what": exc.what, "value": str(exc.value)}, rank=exc.rank)
         raise
+    except RuntimeError as exc:
+        if _peer_failure(exc):
+            health.explain()  # names the dead or hung rank and exits, if the watchdog finds one
+        raise
     finally:
         reporter.progress.close()
         reporter.writer.close()
-    return results
+
+
+def _peer_failure(exc: BaseException) -> bool:
+    """Whether an error looks like a collective that lost a peer (gloo: connection reset; NCCL: DistError)."""
+    chain: BaseException | None = exc
+    while chain is not None:  # pipelining wraps the collective's error in its own
+        text = str(chain).lower()
+        if isinstance(chain, dist.DistError) or any(w in text for w in ("gloo", "connection", "timed out")):
+            return True
+        chain = chain.__cause__
+    return False
+
+
+class TrainLoop:
+    """The steps of one attempt: resume, then train, check, checkpoint and report each step."""
+
+    def __init__(
+        self,
+        plan: Plan,
+        args: argparse.Namespace,
+        topo: Topology,
+        trainer: Trainer,
+        reporter: RankReporter,
+        health: Health,
+        faults: FaultInjector,
+        ckpt: Checkpointer,
+    ) -> None:
+        self.plan, self.args, self.topo, self.trainer, self.reporter = plan, args, topo, trainer, reporter
+        self.health, self.faults, self.ckpt = health, faults, ckpt
+        rel = plan.reliability
+        bitflips = any(f.kind == "bitflip" for f in rel.faults)
+        self.sdc_every = rel.sdc_check_every_steps or (1 if bitflips else 0)
+        self.replicas = topo.replica_mesh.get_group() if topo.replica_mesh is not None else None
+
+    def resume(self) -> int:
+        info = self.ckpt.resume(self.args.resume_from)
+        start = info.step if info else 0
+        self.faults.resumed_from = start
+        if info is not None and self.topo.rank == 0:
+            detail = {"path": str(info.path), "layout": info.manifest["layout"], "attempt": self.faults.attempt}
+            self.reporter.event("resume", start, detail)
+        return start
+
+    def run(self) -> list[StepResult]:
+        step, results = self.resume(), []
+        while step < self.args.steps:
+            self.health.beat(step)
+            self.faults.before_step(step, self.trainer)
+            stats = self.args.stats_every > 0 and step % self.args.stats_every == 0
+            res = self.trainer.step(step, stats=stats)
+            self.faults.after_step(step, self.trainer)
+            if self.sdc_every and (step + 1) % self.sdc_every == 0 and self._corrupt():
+                step = self.roll_back(step)
+                continue
+            self.ckpt.poll()
+            if self.ckpt.due(step, last=step == self.args.steps - 1):
+                stall = self.ckpt.save(step + 1)
+                res.phases["checkpoint"] = stall
+                res.step_s += stall
+            results.append(res)
+            flagged = self.reporter.report(res)
+            if self.topo.rank == 0:
+                run_dir = self.reporter.writer.path.parent
+                save_cursor(self.trainer.sampler.cursor(step + 1), run_dir / "data_cursor.json")
+                if flagged:
+                    self.faults.detected("slow", step, {"stragglers": list(flagged)}, ranks=flagged)
+                self.faults.settle(step)
+            step += 1
+        self.ckpt.wait()
+        self.health.finish()
+        return results
+
+    def _corrupt(self) -> bool:
+        return replicas_disagree(self.trainer.params, self.replicas, self.trainer.device)
+
+    def roll_back(self, step: int) -> int:
+        """Replicas disagree after `step`: reload the last good checkpoint and go on from its step."""
+        if self.topo.rank == 0:
+            self.faults.detected("bitflip", step, {"check": "cross-replica weight checksum"})
+        info = self.ckpt.resume()
+        if info is None:
+            raise CheckpointError(
+                f"step {step}: the replicas' weights disagree (silent data corruption) and there is no checkpoint to "
+                "roll back to; set reliability.checkpoint_every_steps so that one exists"
+            )
+        if self.topo.rank == 0:
+            self.faults.rolled_back(info.step)
+            self.reporter.event("rollback", step, {"to_step": info.step, "path": str(info.path)})
+        return info.step
+
+
+def with_injected(plan: Plan, inject: list[str]) -> Plan:
+    """The plan with `--inject` faults added to its reliability section (validated like the plan's own)."""
+    if not inject:
+        return plan
+    faults = (*plan.reliability.faults, *(FaultSpec.parse(text) for text in inject))
+    data = plan.model_dump()
+    data["reliability"]["faults"] = [f.model_dump() for f in faults]
+    return Plan.model_validate(data)
+
+
+def check_faults(plan: Plan) -> None:
+    """Reject fault injections this layout cannot detect, before any process group exists."""
+    lay = plan.layout
+    if any(f.kind == "bitflip" for f in plan.reliability.faults) and (lay.dp * lay.cp == 1 or lay.zero > 0):
+        raise LayoutError(
+            f"reliability.faults: bitflip is found by cross-replica weight checksums, which need whole replicas: "
+            f"dp·cp > 1 (has {lay.dp * lay.cp}) and zero 0 (has {lay.zero}); change the layout or drop the bitflip"
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -208,8 +336,9 @@ def main(argv: list[str] | None = None) -> int:
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     world = int(os.environ.get("WORLD_SIZE", "1"))
     try:
-        plan = loader.load(args.plan, args.overrides)
+        plan = with_injected(loader.load(args.plan, args.overrides), args.inject)
         check_supported(plan)
+        check_faults(plan)
         if plan.layout.world_size != world:
             raise LayoutError(
                 f"layout: the plan needs dp·tp·pp·cp = {plan.layout.world_size} ranks but {world} were started; "
@@ -217,8 +346,8 @@ def main(argv: list[str] | None = None) -> int:
             )
         if device == "cuda" and not torch.cuda.is_available():
             raise LayoutError("--device cuda: no CUDA device is visible; use --device cpu")
-    except (PlanError, LayoutError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+    except (PlanError, LayoutError, ValueError) as exc:
+        print(f"error: {_one_line(exc)}", file=sys.stderr)
         return EXIT_BAD_INPUT
     dev = init_distributed(device, args.timeout_s)
     try:
@@ -227,11 +356,21 @@ def main(argv: list[str] | None = None) -> int:
     except NonFiniteError as exc:
         print(f"error: {exc}", file=sys.stderr)
         code = EXIT_NON_FINITE
-    except DataError as exc:
+    except (DataError, CheckpointError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         code = EXIT_BAD_INPUT
     dist.destroy_process_group()
     return code
+
+
+def _one_line(exc: Exception) -> str:
+    """A pydantic ValidationError's first error as `field: message`; other errors as they are."""
+    errors = getattr(exc, "errors", None)
+    if callable(errors):
+        first = errors(include_url=False)[0]
+        loc = ".".join(str(p) for p in first["loc"])
+        return f"{loc}: {first['msg'].removeprefix('Value error, ')}"
+    return str(exc)
 
 
 if __name__ == "__main__":

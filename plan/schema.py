@@ -15,9 +15,18 @@ weights over `dp / ep` ranks.
 from __future__ import annotations
 
 from functools import cached_property
-from typing import Final, Literal
+from typing import Any, Final, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveFloat, PositiveInt, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    NonNegativeInt,
+    PositiveFloat,
+    PositiveInt,
+    field_validator,
+    model_validator,
+)
 
 SCHEMA_VERSION: Final = 1
 
@@ -25,6 +34,8 @@ Schedule = Literal["gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zbv", "dualpip
 Recompute = Literal["none", "selective", "full"]
 Dtype = Literal["bf16", "fp8"]
 CheckpointKind = Literal["sync", "async", "in-memory"]
+FaultKind = Literal["crash", "hang", "slow", "bitflip", "ckpt-crash", "disk-full"]
+FAULT_KINDS: Final = get_args(FaultKind)
 
 # Schedules whose stages each hold several model chunks, and how many chunks they need.
 # Interleaved 1F1B: any v >= 2 (Narayanan et al. 2021, §2.2.2). ZBV and DualPipe-V place exactly two chunks per
@@ -216,6 +227,37 @@ class Training(Section):
     """Seed of weight init and data order; the same seed gives the same weights under any layout."""
 
 
+class FaultSpec(Section):
+    """A fault the executor injects into its own run, once (written `KIND@STEP[:RANK]`)."""
+
+    kind: FaultKind
+    """crash (the rank exits), hang (it stops answering), slow (it computes `slowdown`x slower), bitflip (a bit
+    of one of its weights flips), ckpt-crash (it dies while writing a checkpoint), disk-full (its write fails)."""
+    step: NonNegativeInt
+    """Optimizer step at which it strikes (steps); ckpt-crash and disk-full strike the first checkpoint taken
+    at or after it."""
+    rank: NonNegativeInt = 0
+    """Global rank it strikes."""
+    slowdown: float = Field(default=4.0, gt=1)
+    """For slow: how many times slower the rank computes (ratio)."""
+    duration_steps: PositiveInt = 3
+    """For slow: how many steps the slowdown lasts (steps)."""
+
+    @classmethod
+    def parse(cls, text: str) -> FaultSpec:
+        """`KIND@STEP[:RANK]`, e.g. `crash@5:3`; a malformed one raises ValueError with the expected form."""
+        kind, at, rest = text.strip().partition("@")
+        step, _, rank = rest.partition(":")
+        if kind not in FAULT_KINDS:
+            raise ValueError(f"fault {text!r}: unknown kind {kind!r}; use one of {', '.join(FAULT_KINDS)}")
+        if not at or not step.isdigit() or (rank and not rank.isdigit()):
+            raise ValueError(f"fault {text!r}: write KIND@STEP[:RANK] with whole numbers, e.g. {kind}@5:1")
+        return cls(kind=kind, step=int(step), rank=int(rank or 0))
+
+    def label(self) -> str:
+        return f"{self.kind}@{self.step}:{self.rank}"
+
+
 class Reliability(Section):
     """The recovery policy: checkpoints, spares, restart; optional overrides of the cluster's failure rates."""
 
@@ -249,6 +291,22 @@ class Reliability(Section):
     """A node's own failures after which it is fenced off for good instead of returning after repair (count)."""
     failure_rates: dict[str, float] | None = None
     """Overrides of the cluster's failure rates: component -> failures per node-day."""
+    checkpoint_every_steps: NonNegativeInt = 0
+    """Executor: optimizer steps between checkpoints (steps); 0 = by `checkpoint_interval_min` alone (which the
+    executor ignores when auto)."""
+    sdc_check_every_steps: NonNegativeInt = 0
+    """Executor: optimizer steps between cross-replica weight checksums (steps); 0 = none, unless a bitflip is
+    injected, which turns them on every step."""
+    faults: tuple[FaultSpec, ...] = ()
+    """Executor: faults to inject, as `KIND@STEP[:RANK]` strings or mappings (see FaultSpec)."""
+
+    @field_validator("faults", mode="before")
+    @classmethod
+    def _parse_faults(cls, value: Any) -> Any:
+        if isinstance(value, str | list | tuple):
+            items = [value] if isinstance(value, str) else value
+            return tuple(FaultSpec.parse(v) if isinstance(v, str) else v for v in items)
+        return value
 
     @model_validator(mode="after")
     def _check(self) -> Reliability:
@@ -302,6 +360,12 @@ class Plan(Section):
                 f"layout.cp: model.seq_len={m.seq_len} must split into 2·cp={2 * lay.cp} equal chunks "
                 "(load-balanced context parallelism); change cp or seq_len"
             )
+        for fault in self.reliability.faults:
+            if fault.rank >= lay.world_size:
+                raise ValueError(
+                    f"reliability.faults: {fault.label()} names rank {fault.rank}, but the layout has "
+                    f"{lay.world_size} ranks (0-{lay.world_size - 1}); pick one of those"
+                )
         if lay.stage_layers is not None and sum(lay.stage_layers) != m.layers:
             raise ValueError(f"layout.stage_layers: sums to {sum(lay.stage_layers)}, but model.layers={m.layers}")
         if lay.stage_layers is None and m.layers < lay.num_stages:

@@ -1,0 +1,189 @@
+"""Health of the gang: a heartbeat file per rank, and a watchdog that names a dead or hung rank and its step.
+
+Each rank's thread rewrites `<run>/health/rank_NNNNN.json` (attempt, step, pid, host, time) every `period`
+seconds and reads everyone else's. A rank of this attempt whose process is gone (same host, by /proc) is dead;
+one whose heartbeat is older than `reliability.heartbeat_timeout_s` is hung. Then the lowest live rank records a
+`detected` event and prints one line naming the rank and its step, and every live rank exits with
+EXIT_PEER_FAILED, so that torchrun (`--max-restarts`) restarts the gang from the last checkpoint instead of
+waiting out the collective timeout. A collective that fails in training ('Connection reset by peer' when a gloo
+peer dies) and torchrun's SIGTERM to the survivors go through the same diagnosis, so whichever comes first
+names the culprit. Heartbeat files live in the run directory, which multi-node runs already share for records.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from types import FrameType
+from typing import NoReturn
+
+EXIT_PEER_FAILED = 4
+EXIT_TERMINATED = 128 + signal.SIGTERM
+
+
+@dataclass(frozen=True)
+class Beat:
+    """One rank's last heartbeat."""
+
+    rank: int
+    attempt: int
+    step: int
+    pid: int
+    host: str
+    time_unix: float
+    done: bool = False
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """A rank found dead or hung, and at which step."""
+
+    rank: int
+    step: int
+    cause: str
+    """'died' or 'hung'."""
+    silent_s: float
+
+    def message(self, timeout_s: float) -> str:
+        if self.cause == "died":
+            what = f"rank {self.rank} died at step {self.step} (its process is gone)"
+        else:
+            what = f"rank {self.rank} hung at step {self.step} (no heartbeat for {self.silent_s:.1f} s > {timeout_s} s)"
+        return f"{what}; the gang stops so that torchrun --max-restarts restarts it from the last checkpoint"
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process on this host is running (a zombie, exited but not yet reaped, is not)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return True
+    return stat.rsplit(")", 1)[-1].split()[0] not in ("Z", "X")
+
+
+def diagnose(
+    beats: list[Beat], attempt: int, now: float, timeout_s: float, host: str, alive: Callable[[int], bool]
+) -> Verdict | None:
+    """The rank of this attempt that is dead or hung, by its heartbeat; None if all are well.
+
+    Of several, the one silent longest: the first to fail takes its peers' collectives down with it.
+    """
+    found = []
+    for beat in beats:
+        if beat.attempt != attempt or beat.done:
+            continue
+        if beat.host == host and not alive(beat.pid):
+            found.append(Verdict(beat.rank, beat.step, "died", now - beat.time_unix))
+        elif now - beat.time_unix > timeout_s:
+            found.append(Verdict(beat.rank, beat.step, "hung", now - beat.time_unix))
+    return max(found, key=lambda v: (v.silent_s, -v.rank), default=None)
+
+
+class Health:
+    """This rank's heartbeat and its watch over the others."""
+
+    def __init__(self, run_dir: Path, rank: int, timeout_s: float, event: Callable[..., None]) -> None:
+        self.dir = run_dir / "health"
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.rank, self.timeout_s, self.event = rank, timeout_s, event
+        self.attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+        self.period = min(0.5, timeout_s / 6)
+        self.host, self.step = socket.gethostname(), 0
+        self.stopped = threading.Event()
+        self.paused = False
+        self.lock = threading.Lock()  # the beat thread and the main thread both write this rank's file
+        self.thread = threading.Thread(target=self._loop, name="heartbeat", daemon=True)
+
+    def start(self) -> None:
+        self._write()
+        self.thread.start()
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, self._on_sigterm)
+
+    def beat(self, step: int) -> None:
+        """A new step begins: say so at once, so that a verdict names the step a rank died in."""
+        self.step = step
+        self._write()
+
+    def pause(self) -> None:
+        """Stop beating and watching: what a hung rank looks like from outside."""
+        self.paused = True
+        self.stopped.set()
+
+    def finish(self) -> None:
+        """This rank is done: the others must not take its exit for a death."""
+        self.stopped.set()
+        self._write(done=True)
+
+    def _write(self, done: bool = False) -> None:
+        beat = Beat(self.rank, self.attempt, self.step, os.getpid(), self.host, time.time(), done)
+        path = self.dir / f"rank_{self.rank:05d}.json"
+        with self.lock:
+            tmp = path.with_suffix(f".tmp{os.getpid()}")
+            tmp.write_text(json.dumps(asdict(beat)))
+            tmp.replace(path)
+
+    def read(self) -> list[Beat]:
+        beats = []
+        for path in self.dir.glob("rank_*.json"):
+            try:
+                beats.append(Beat(**json.loads(path.read_text())))
+            except (OSError, ValueError, TypeError):
+                continue  # being replaced right now; the next round reads it
+        return beats
+
+    def check(self) -> Verdict | None:
+        return diagnose(self.read(), self.attempt, time.time(), self.timeout_s, self.host, pid_alive)
+
+    def _loop(self) -> None:
+        while not self.stopped.wait(self.period):
+            self._write()
+            verdict = self.check()
+            if verdict is not None and not self.stopped.is_set():
+                self.fail(verdict)
+
+    def fail(self, verdict: Verdict) -> NoReturn:
+        """Record the verdict (once, from the lowest live rank) and leave, for torchrun to restart the gang."""
+        live = [b.rank for b in self.read() if b.attempt == self.attempt and b.rank != verdict.rank]
+        if self.rank == min(live, default=self.rank):
+            message = verdict.message(self.timeout_s)
+            detail = {"cause": verdict.cause, "silent_s": verdict.silent_s, "message": message}
+            self.event("detected", verdict.step, detail, rank=verdict.rank, duration_s=verdict.silent_s)
+            print(f"error: {message}", file=sys.stderr, flush=True)
+        self.stopped.set()
+        self._write(done=True)  # leaving on purpose: whoever looks next must not blame this rank
+        os._exit(EXIT_PEER_FAILED)
+
+    def explain(self) -> None:
+        """After a failed collective: wait for the watchdog's verdict and leave with it; return if there is none.
+
+        This rank first marks itself done, so that its own exit is not taken for the failure it reports.
+        """
+        self.stopped.set()
+        self._write(done=True)
+        deadline = time.monotonic() + self.timeout_s + 2 * self.period
+        while time.monotonic() < deadline:
+            verdict = self.check()
+            if verdict is not None:
+                self.fail(verdict)
+            time.sleep(self.period)
+
+    def _on_sigterm(self, signum: int, frame: FrameType | None) -> None:
+        """torchrun stops the gang because some rank failed: name it if we can; either way, this one is not it."""
+        verdict = None if self.paused else self.check()
+        if verdict is not None:
+            self.fail(verdict)
+        if not self.paused:
+            self.stopped.set()
+            self._write(done=True)
+        os._exit(EXIT_TERMINATED)

@@ -1,0 +1,114 @@
+"""Fault-tolerance pieces without a launcher: the fault grammar and its one-line errors, the checkpoint store's
+atomic commit, checksums, retention and corrupt-skip, the watchdog's verdicts, and the bit-flip checksum."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from executor.ckpt_store import clean_staging, commit, committed, final_dir, latest_good, prune, staging_dir, verify
+from executor.faults import flip_bit, weight_checksum
+from executor.health import Beat, diagnose
+from executor.train import _peer_failure
+from plan import loader
+from plan.schema import FaultSpec
+from twin.cli import app
+
+
+def test_fault_grammar_and_its_one_line_errors() -> None:
+    assert FaultSpec.parse("crash@5:3") == FaultSpec(kind="crash", step=5, rank=3)
+    assert FaultSpec.parse("disk-full@2").rank == 0
+    with pytest.raises(ValueError, match="unknown kind 'boom'; use one of crash, hang, slow, bitflip"):
+        FaultSpec.parse("boom@1")
+    for bad in ("crash", "crash@x", "crash@1:y", "crash@-1"):
+        with pytest.raises(ValueError, match="write KIND@STEP"):
+            FaultSpec.parse(bad)
+    with pytest.raises(loader.PlanError, match="names rank 9, but the layout has 8 ranks"):
+        loader.load("cpu-tiny", ['reliability.faults=["hang@2:9"]'])
+
+
+@pytest.mark.parametrize(
+    ("inject", "message"),
+    [("nuke@3", "--inject: fault 'nuke@3': unknown kind 'nuke'"), ("crash@3:8", "rank 8 is not among the plan's 8")],
+)
+def test_twin_execute_bad_injection_is_one_line(inject: str, message: str) -> None:
+    result = CliRunner().invoke(app, ["execute", "cpu-tiny", "--inject", inject])
+    assert result.exit_code != 0 and "Traceback" not in result.output
+    lines = [line for line in result.output.strip().splitlines() if line.strip()]
+    assert len(lines) == 1 and message in lines[0], result.output
+
+
+def _checkpoint(root: Path, step: int, payload: bytes = b"weights") -> Path:
+    staging = staging_dir(root, step)
+    staging.mkdir(parents=True)
+    (staging / "__0_0.distcp").write_bytes(payload)
+    return commit(staging, final_dir(root, step), {"step": step})
+
+
+def test_commit_is_atomic_and_a_corrupt_checkpoint_is_skipped_by_name(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _checkpoint(tmp_path, 2)
+    newest = _checkpoint(tmp_path, 4)
+    staging_dir(tmp_path, 6).mkdir()  # a write that a crash cut short: never a candidate
+    assert [p.name for p in committed(tmp_path)] == ["step_00000004", "step_00000002"]
+    (newest / "__0_0.distcp").write_bytes(b"weightz")  # same size, one byte off
+    assert verify(newest) == "__0_0.distcp does not match its checksum"
+    info = latest_good(tmp_path)
+    assert info is not None and info.step == 2
+    assert f"warning: skipping corrupt checkpoint {newest}: __0_0.distcp does not match" in capsys.readouterr().err
+    clean_staging(tmp_path)
+    assert not staging_dir(tmp_path, 6).exists()
+
+
+def test_prune_keeps_the_newest_k(tmp_path: Path) -> None:
+    for step in (2, 4, 6, 8):
+        _checkpoint(tmp_path, step)
+    prune(tmp_path, keep=2)
+    assert [p.name for p in committed(tmp_path)] == ["step_00000008", "step_00000006"]
+
+
+def test_watchdog_names_the_dead_or_the_longest_silent_rank() -> None:
+    now = 1000.0
+
+    def beat(rank: int, t: float, pid: int = 1, attempt: int = 0, done: bool = False) -> Beat:
+        return Beat(rank, attempt, 7, pid, "h", t, done)
+
+    def alive(pid: int) -> bool:
+        return pid != 99
+
+    assert diagnose([beat(0, now), beat(1, now - 1)], 0, now, 3.0, "h", alive) is None
+    hung = diagnose([beat(0, now), beat(1, now - 5)], 0, now, 3.0, "h", alive)
+    assert hung is not None and (hung.rank, hung.step, hung.cause) == (1, 7, "hung")
+    assert "rank 1 hung at step 7 (no heartbeat for 5.0 s > 3.0 s)" in hung.message(3.0)
+    # Two gone: the first to fall (silent longest) is the culprit; a rank that left on purpose is never blamed.
+    beats = [beat(0, now - 0.2, 99), beat(1, now - 0.4, 99), beat(2, now - 9, done=True)]
+    died = diagnose(beats, 0, now, 3.0, "h", alive)
+    assert died is not None and (died.rank, died.cause) == (1, "died")
+    assert diagnose([beat(0, now - 50, attempt=0)], 1, now, 3.0, "h", alive) is None  # an earlier attempt's
+
+
+def test_a_flipped_bit_changes_the_checksum_and_little_else() -> None:
+    layer = torch.nn.Linear(8, 8)
+    params = list(layer.parameters())
+    before, weight = weight_checksum(params), layer.weight.detach().clone()
+    flip_bit(params)
+    assert weight_checksum(params) != before
+    changed = (layer.weight != weight).nonzero().tolist()
+    assert changed == [[0, 0]] and torch.isfinite(layer.weight).all()
+
+
+def test_a_peer_failure_is_recognised_through_wrapping() -> None:
+    try:
+        try:
+            raise RuntimeError("[gloo/pair.cc:537] Read error: Connection reset by peer")
+        except RuntimeError as inner:
+            raise RuntimeError("[Stage 1] failed to run forward") from inner
+    except RuntimeError as outer:
+        assert _peer_failure(outer)
+    assert not _peer_failure(RuntimeError("shape mismatch"))
+    assert os.environ.get("TORCHELASTIC_RESTART_COUNT") is None
