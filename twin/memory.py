@@ -21,6 +21,7 @@ from plan.cluster import Cluster
 from plan.model_math import attention_params, mlp_params
 from plan.schema import Plan
 from twin.compute import ACT_BYTES
+from twin.schedules import stage_rank
 
 GiB = 2**30
 RESERVED_BYTES = 1.0 * GiB
@@ -174,8 +175,6 @@ def memory_breakdown(plan: Plan, cluster: Cluster, peak_live_layers: list[float]
     """Memory of every pipeline rank; returns the fullest. `peak_live_layers[r]` is the schedule's peak of
     in-flight activations on rank r, in units of one layer's activations for one microbatch (a dense layer;
     MoE layers are weighed by the caller)."""
-    from twin.schedules import stage_rank
-
     lay = plan.layout
     dense_act, _ = activation_bytes(plan, moe=False)
     capacity = cluster.accelerator.hbm_GB * 1e9

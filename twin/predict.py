@@ -164,14 +164,25 @@ def _zero3_layer_exposed(ctx: _Context, layer: int, cost: PassCost) -> tuple[flo
     return max(0.0, gather - cost.forward_s), max(0.0, gather + scatter - backward)
 
 
-def _stage_costs(ctx: _Context) -> dict[tuple[str, int], ActionCost]:
+def _shape(ctx: _Context) -> Shape:
+    lay, m = ctx.plan.layout, ctx.plan.model
+    return Shape(lay.microbatch_size * m.seq_len // lay.cp, lay.tp, lay.sequence_parallel)
+
+
+def _layer_costs(ctx: _Context) -> dict[bool, PassCost]:
+    """One microbatch's compute of a dense layer (False) and, for MoE models, of an MoE layer (True)."""
+    lay, m = ctx.plan.layout, ctx.plan.model
+    kinds = (False, True) if m.is_moe else (False,)
+    return {
+        moe: layer_cost(m, _shape(ctx), ctx.device, moe, lay.recompute, lay.microbatch_size, m.seq_len // lay.cp)
+        for moe in kinds
+    }
+
+
+def _stage_costs(ctx: _Context, kinds: dict[bool, PassCost]) -> dict[tuple[str, int], ActionCost]:
     """The cost of F, B (and W) of every model stage for one microbatch."""
     plan, lay, m = ctx.plan, ctx.plan.layout, ctx.plan.model
-    shape = Shape(lay.microbatch_size * m.seq_len // lay.cp, lay.tp, lay.sequence_parallel)
-    seq_local = m.seq_len // lay.cp
-    kinds = {False: layer_cost(m, shape, ctx.device, False, lay.recompute, lay.microbatch_size, seq_local)}
-    if m.is_moe:
-        kinds[True] = layer_cost(m, shape, ctx.device, True, lay.recompute, lay.microbatch_size, seq_local)
+    shape = _shape(ctx)
     comms = {moe: _layer_comm(ctx, cost, moe) for moe, cost in kinds.items()}
     split = schedules.splits_weight_grad(lay.schedule)
     costs: dict[tuple[str, int], ActionCost] = {}
@@ -290,11 +301,12 @@ def predict(plan: Plan, cluster: Cluster | None = None, options: PredictOptions 
     lay = plan.layout
     orders = schedules.build(lay.schedule, lay.pp, lay.virtual_stages, plan.num_microbatches)
     reduce_s, gather_s, param_gather = _dp_costs(ctx)
+    kinds = _layer_costs(ctx)
     result = simulate(
         PipelineInput(
             orders=orders,
             stage_rank=tuple(schedules.stage_rank(lay.schedule, lay.pp, s) for s in range(lay.num_stages)),
-            costs=_stage_costs(ctx),
+            costs=_stage_costs(ctx, kinds),
             p2p_s=_p2p_costs(ctx),
             split_w=schedules.splits_weight_grad(lay.schedule),
             dp_stage_s=reduce_s,
@@ -306,10 +318,12 @@ def predict(plan: Plan, cluster: Cluster | None = None, options: PredictOptions 
     live = [
         schedules.peak_live(o, weights, kept if schedules.splits_weight_grad(lay.schedule) else 0.0) for o in orders
     ]
-    return _summarise(ctx, result, memory_breakdown(plan, cluster, live), param_gather)
+    return _summarise(ctx, result, memory_breakdown(plan, cluster, live), param_gather, kinds)
 
 
-def _summarise(ctx: _Context, result: PipelineResult, memory: MemoryBreakdown, param_gather: float) -> StepPrediction:
+def _summarise(
+    ctx: _Context, result: PipelineResult, memory: MemoryBreakdown, param_gather: float, kinds: dict[bool, PassCost]
+) -> StepPrediction:
     plan, cluster, lay = ctx.plan, ctx.cluster, ctx.plan.layout
     critical = max(range(len(result.ranks)), key=lambda r: (result.ranks[r].end, -r))
     rt = result.ranks[critical]
@@ -337,7 +351,7 @@ def _summarise(ctx: _Context, result: PipelineResult, memory: MemoryBreakdown, p
     peak = Device.of(cluster, "bf16", min(lay.world_size, cluster.node.gpus)).peak_flops
     tokens_per_s = plan.tokens_per_step / step
     model_flops = tokens_per_s * model_flops_per_token(plan.model)
-    hardware_flops = _hardware_flops_per_step(ctx) / step
+    hardware_flops = _hardware_flops_per_step(ctx, kinds) / step
     days = plan.training.tokens / tokens_per_s / 86400
     return StepPrediction(
         plan=plan.name,
@@ -371,17 +385,12 @@ def _summarise(ctx: _Context, result: PipelineResult, memory: MemoryBreakdown, p
     )
 
 
-def _hardware_flops_per_step(ctx: _Context) -> float:
+def _hardware_flops_per_step(ctx: _Context, kinds: dict[bool, PassCost]) -> float:
     """FLOPs the kernels of the whole job run in one step (causal attention, recompute included)."""
     plan, lay, m = ctx.plan, ctx.plan.layout, ctx.plan.model
-    shape = Shape(lay.microbatch_size * m.seq_len // lay.cp, lay.tp, lay.sequence_parallel)
-    seq_local = m.seq_len // lay.cp
-    total = 0.0
-    for layer in range(m.layers):
-        moe = m.is_moe and layer >= m.dense_layers
-        c = layer_cost(m, shape, ctx.device, moe, lay.recompute, lay.microbatch_size, seq_local)
-        total += c.forward_flops + c.backward_flops + c.recompute_flops
-    h = head_cost(m, shape, ctx.device)
+    per_layer = {moe: c.forward_flops + c.backward_flops + c.recompute_flops for moe, c in kinds.items()}
+    total = per_layer[False] * (m.layers - m.moe_layers) + per_layer.get(True, 0.0) * m.moe_layers
+    h = head_cost(m, _shape(ctx), ctx.device)
     total += h.forward_flops + h.backward_flops
     return total * plan.num_microbatches * lay.tp * lay.cp * lay.dp
 

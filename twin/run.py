@@ -13,6 +13,7 @@ import math
 from collections import Counter
 from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
+from math import gamma
 from typing import Any
 
 import numpy as np
@@ -27,7 +28,8 @@ SDC_LATENCY_S = 6 * 3600.0
 (Llama 3 §3.3.4 and Dixit et al. 2021 describe SDC found through training anomalies; no published latency)."""
 
 STRAGGLER_WINDOW_STEPS = 20
-"""Steps the per-rank step-time check averages before it flags a slow rank (the executor's running window)."""
+"""Steps a slow node runs before it is quarantined. Assumption: the executor flags a rank on any step 20% slower
+than its cohort's median (executor/telemetry.py), and a policy waits for it to persist this long before evicting."""
 
 
 @dataclass(frozen=True)
@@ -365,8 +367,6 @@ class RunSim:
         shape = self.s.cluster.failures.weibull_shape
         if shape == 1.0:
             return float(self.rng.exponential(1 / rate))
-        from math import gamma
-
         return float(self.rng.weibull(shape)) / (rate * gamma(1 + 1 / shape))
 
     def failures(self, cause: str, rate: float) -> Generator[Any, Any, None]:

@@ -12,7 +12,8 @@ from rich.progress import Progress
 from rich.table import Table
 
 from plan.schema import Plan
-from twin.runs import RunPrediction, run_seeds, setup, simulate_run, summarise, sweep_checkpoint
+from twin.reliability import daly_interval_s
+from twin.runs import run_seeds, setup, simulate_run, summarise, sweep_checkpoint
 
 console = Console()
 FIGURES = (
@@ -72,8 +73,6 @@ def many(plan: Plan, first: int, count: int, as_json: bool) -> None:
 def sweep(plan: Plan, first: int, count: int, as_json: bool) -> None:
     run_setup = setup(plan)
     mtbf = 1 / sum(run_setup.rates.values())
-    from twin.reliability import daly_interval_s
-
     daly = daly_interval_s(run_setup.ckpt.stall_s, mtbf)
     intervals = [daly * f for f in np.geomspace(0.25, 4.0, 13)]
     result = sweep_checkpoint(run_setup, intervals, range(first, first + max(count, 3)))
@@ -95,6 +94,3 @@ def sweep(plan: Plan, first: int, count: int, as_json: bool) -> None:
         f"simulated optimum {result.optimum_min:,.2f} min; Daly {result.daly_min:,.2f} min; "
         f"Young {result.young_min:,.2f} min"
     )
-
-
-__all__ = ["RunPrediction", "many", "single", "sweep"]
