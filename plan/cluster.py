@@ -81,6 +81,15 @@ class ComputeEfficiency(Sourced):
     """Fraction of HBM bandwidth that memory-bound kernels (norms, activations, optimizer) reach."""
     attention_peak_fraction: float | None = Field(default=None, gt=0, le=1)
     """Fraction of the bf16 peak a fused causal attention kernel reaches; unset: the GEMM curve applies."""
+    sharded_kernel_overhead_us: NonNegativeFloat = 0.0
+    """Extra host cost per op on a tensor-parallel shard: DTensor's sharding propagation and dispatch
+    (microseconds); 0 where asynchronous launch hides it behind device work."""
+    optimizer_kernels_per_tensor: NonNegativeFloat = 0.0
+    """Ops the optimizer step runs per parameter tensor: about 0 for a fused multi-tensor Adam, ~11 for PyTorch's
+    single-tensor AdamW (count)."""
+    dp_overlap_fraction: float = Field(default=1.0, ge=0, le=1)
+    """Share of the data-parallel gradient reduction that runs under the backward in buckets (1: Megatron/FSDP
+    bucketed overlap; 0: one reduction after the backward)."""
 
     @field_validator("gemm_peak_fraction")
     @classmethod
@@ -231,6 +240,36 @@ class Economics(Sourced):
     """Power usage effectiveness of the data centre (facility power / IT power)."""
 
 
+class FittedParameter(Section):
+    """One cluster field that `twin calibrate` fitted to measured runs."""
+
+    path: str
+    """Dotted field path in the cluster file, e.g. 'compute.kernel_overhead_us'."""
+    before: float
+    """The value in the base profile (the field's unit)."""
+    value: float
+    """The fitted value (the field's unit)."""
+    std: NonNegativeFloat
+    """One standard deviation of the fitted value, from the fit's Jacobian (the field's unit)."""
+
+
+class Calibration(Section):
+    """Where a calibrated profile came from: the base profile, the runs it was fitted to, and how well."""
+
+    base: str
+    """Name of the catalogue cluster this profile refines."""
+    created_unix: float
+    """When the fit ran (seconds since the epoch)."""
+    runs: tuple[str, ...]
+    """Run directories (and microbenchmark files) the fit read."""
+    parameters: tuple[FittedParameter, ...]
+    """The fitted fields."""
+    residual_rms: NonNegativeFloat
+    """Root-mean-square relative error of the fitted phases (fraction of each run's step time)."""
+    step_cv: NonNegativeFloat = 0.0
+    """Run-to-run spread of measured step times: relative standard deviation over repeats and steps."""
+
+
 class Cluster(Section):
     """A whole cluster: `nodes` identical servers on one fabric."""
 
@@ -250,6 +289,8 @@ class Cluster(Section):
     failures: Failures
     stragglers: Stragglers
     economics: Economics
+    calibration: Calibration | None = None
+    """Present in profiles written by `twin calibrate`: how they were fitted."""
 
     @property
     def gpus(self) -> int:

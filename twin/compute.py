@@ -37,19 +37,26 @@ class Device:
     """Achieved memory bandwidth of memory-bound kernels (bytes/s)."""
 
     @classmethod
-    def of(cls, cluster: Cluster, dtype: str, ranks_per_node: int) -> Device:
-        """The device a rank sees. A `cpu` accelerator's figures are per core, shared by the ranks on a node."""
+    def of(
+        cls, cluster: Cluster, dtype: str, ranks_per_node: int, *, share_cores: bool = True, sharded: bool = False
+    ) -> Device:
+        """The device a rank sees. A `cpu` accelerator's figures are per core: with `share_cores` the node's cores
+        are split evenly among its ranks; without, the rank runs alone (the pipeline simulation then shares the
+        cores among the ranks busy at each moment, twin/host.py). `sharded` ops (tensor-parallel DTensors) pay
+        the extra per-op dispatch cost."""
         acc, eff = cluster.accelerator, cluster.compute
         key = dtype if dtype in acc.peak_tflops else "bf16"
-        share = min(1.0, cluster.node.cpu_cores / max(1, ranks_per_node)) if acc.kind == "cpu" else 1.0
+        cpu_share = acc.kind == "cpu" and share_cores
+        share = min(1.0, cluster.node.cpu_cores / max(1, ranks_per_node)) if cpu_share else 1.0
         memory = acc.hbm_bandwidth_GBps * 1e9 * eff.memory_bandwidth_fraction
-        if acc.kind == "cpu":
+        if cpu_share:
             memory /= max(1, ranks_per_node)
+        overhead_us = eff.kernel_overhead_us + (eff.sharded_kernel_overhead_us if sharded else 0.0)
         return cls(
             peak_flops=acc.peak_tflops[key] * 1e12 * share,
             gemm_fraction=eff.gemm_peak_fraction.get(key, eff.gemm_peak_fraction["bf16"]),
             half_flops=eff.gemm_half_gflop * 1e9,
-            kernel_s=eff.kernel_overhead_us * 1e-6 / share,
+            kernel_s=overhead_us * 1e-6 / share,
             memory_Bps=memory,
         )
 

@@ -17,6 +17,7 @@ from typing import Any
 
 import simpy
 
+from twin.host import HostSharing, SharedCores
 from twin.schedules import Action
 
 COMPONENTS = ("compute", "recompute", "tp", "cp", "ep", "dp")
@@ -56,6 +57,11 @@ class PipelineInput:
     """Seconds of the optimizer step on each rank."""
     buckets: int = 4
     """Gradient buckets per stage (Megatron's default bucket is 40M parameters; a handful per stage)."""
+    dp_overlap: float = 1.0
+    """Share of each stage's gradient reduction that is bucketed under its final backward; the rest runs after
+    the rank's last computation."""
+    host: HostSharing | None = None
+    """Ranks share host cores (CPU clusters): actions are work at full speed, slowed by the busy ranks."""
 
 
 @dataclass(frozen=True)
@@ -81,9 +87,25 @@ class RankTimes:
     ep: float = 0.0
     dp: float = 0.0
     pp: float = 0.0
+    forward: float = 0.0
+    """Of `compute`, what forward actions took."""
     bubble: float = 0.0
     optimizer: float = 0.0
     end: float = 0.0
+
+    def phases(self) -> dict[str, float]:
+        """These times in the executor's record vocabulary (plan.records.PHASES): backward holds the recompute."""
+        return {
+            "forward": self.forward,
+            "backward": self.compute - self.forward + self.recompute,
+            "optimizer": self.optimizer,
+            "comm_tp": self.tp,
+            "comm_cp": self.cp,
+            "comm_ep": self.ep,
+            "comm_pp": self.pp,
+            "comm_dp": self.dp,
+            "bubble": self.bubble,
+        }
 
 
 @dataclass(frozen=True)
@@ -111,6 +133,18 @@ class _Sim:
         self.events = 0
         self.last_stage = len(inp.stage_rank) - 1
         self.final_grad = self._final_grad_actions()
+        self.pools: list[SharedCores] = []
+        if inp.host is not None:
+            n_pools = -(-len(inp.orders) // inp.host.ranks_per_pool)
+            self.pools = [SharedCores(self.env, inp.host.cores, inp.host.weight) for _ in range(n_pools)]
+
+    def work(self, rank: int, seconds: float) -> simpy.Event:
+        """`seconds` of a rank's work at full speed: shared with the busy ranks of its node on a CPU host."""
+        if not self.pools or seconds <= 0:
+            return self.timeout(seconds)
+        assert self.inp.host is not None
+        self.events += 1
+        return self.pools[rank // self.inp.host.ranks_per_pool].run(seconds)
 
     def _final_grad_actions(self) -> set[Action]:
         kind = "W" if self.inp.split_w else "B"
@@ -180,19 +214,26 @@ class _Sim:
             start = self.env.now
             if a in self.final_grad and self.inp.dp_stage_s.get(a.stage, 0.0) > 0:
                 self.launch_buckets(rank, a.stage, start, cost.total)
-            yield self.timeout(cost.total)
+            yield self.work(rank, cost.total)
+            stretch = (self.env.now - start) / cost.total if cost.total > 0 else 1.0
             for name in COMPONENTS:
-                setattr(times, name, getattr(times, name) + getattr(cost, name))
+                setattr(times, name, getattr(times, name) + getattr(cost, name) * stretch)
+            if a.kind == "F":
+                times.forward += cost.compute * stretch
             self.slices.append(Slice(rank, a.stage, a.kind, a.microbatch, start, self.env.now))
             self.event(self.done, (a.kind, a.stage, a.microbatch)).succeed()
             self.send(a, rank)
         compute_end = self.env.now
         if self.pending_dp[rank]:
             yield self.env.all_of(self.pending_dp[rank])
+        stages = {a.stage for a in self.inp.orders[rank]}
+        after = (1 - self.inp.dp_overlap) * sum(self.inp.dp_stage_s.get(s, 0.0) for s in stages)
+        if after > 0:
+            yield self.work(rank, after)
         times.dp += self.env.now - compute_end
-        optimizer = self.inp.optimizer_s.get(rank, 0.0)
-        yield self.timeout(optimizer)
-        times.optimizer += optimizer
+        start = self.env.now
+        yield self.work(rank, self.inp.optimizer_s.get(rank, 0.0))
+        times.optimizer += self.env.now - start
         times.end = self.env.now
 
     def send(self, a: Action, rank: int) -> None:
@@ -217,7 +258,9 @@ class _Sim:
         self.event(self.arrived, key).succeed()
 
     def launch_buckets(self, rank: int, stage: int, start: float, duration: float) -> None:
-        per_bucket = self.inp.dp_stage_s[stage] / self.inp.buckets
+        per_bucket = self.inp.dp_overlap * self.inp.dp_stage_s[stage] / self.inp.buckets
+        if per_bucket <= 0:
+            return
         for i in range(self.inp.buckets):
             ready = start + duration * (i + 1) / self.inp.buckets
             done = self.env.event()

@@ -22,9 +22,14 @@ from twin import schedules
 from twin.collectives import InNetwork, collective_time
 from twin.compute import Device, PassCost, Shape, embedding_cost, head_cost, layer_cost
 from twin.fabric import Fabric, GroupSpan
+from twin.host import HostSharing
 from twin.memory import MemoryBreakdown, layer_params, memory_breakdown, stage_layer_ranges, stage_params
 from twin.memory import activation_bytes as layer_activation_bytes
 from twin.pipeline import ActionCost, PipelineInput, PipelineResult, simulate
+
+NORM_REDUCTION_BYTES = 8
+"""The global gradient norm is one fp64 all-reduce over the whole job each step (Megatron and torchtitan clip by
+the global norm)."""
 
 ADAM_BYTES_PER_PARAM = 28
 """Bytes an Adam step moves per local parameter: reads fp32 master, m, v (12) and the bf16 gradient (2), writes
@@ -71,12 +76,15 @@ class StepPrediction:
     gpu_hours: float
     events: int
     timeline: list[dict[str, Any]] = field(repr=False)
+    stage_phases_s: list[dict[str, float]] = field(default_factory=list, repr=False)
+    """Per pipeline rank, where its step went in the executor's record vocabulary (plan.records.PHASES)."""
 
     def to_json(self, timeline: bool = False) -> dict[str, Any]:
         out = asdict(self)
         out["memory"] = asdict(self.memory)
         if not timeline:
             out.pop("timeline")
+            out.pop("stage_phases_s")
         return out
 
 
@@ -118,7 +126,13 @@ def _context(plan: Plan, cluster: Cluster, options: PredictOptions) -> _Context:
         cluster=cluster,
         fabric=Fabric(cluster, dict(options.relocated)),
         grid=RankGrid.from_layout(lay),
-        device=Device.of(cluster, plan.training.dtype, min(lay.world_size, node.gpus)),
+        device=Device.of(
+            cluster,
+            plan.training.dtype,
+            min(lay.world_size, node.gpus),
+            share_cores=cluster.accelerator.kind != "cpu",  # CPU hosts: shared in the simulation (twin/host.py)
+            sharded=lay.tp > 1,
+        ),
         net=InNetwork(nvls_link_Bps=nvls, sharp=cluster.fabric.sharp),
         options=options,
     )
@@ -254,22 +268,44 @@ def _dp_costs(ctx: _Context) -> tuple[dict[int, float], dict[int, float], float]
     return reduce_s, gather_s, param_gather
 
 
+def _host_sharing(ctx: _Context) -> HostSharing | None:
+    """On a CPU cluster: the node's cores, and how many of a node's ranks each simulated pipeline rank stands for
+    (the ranks of node 0 by the rank grid: its pipeline ranks share its cores)."""
+    cluster, lay = ctx.cluster, ctx.plan.layout
+    if cluster.accelerator.kind != "cpu":
+        return None
+    per_node = min(lay.world_size, cluster.node.gpus)
+    stages_on_node = len({ctx.grid.coords(r).pp for r in range(per_node)})
+    return HostSharing(cores=cluster.node.cpu_cores, weight=per_node / stages_on_node, ranks_per_pool=stages_on_node)
+
+
+def _param_tensors(ctx: _Context, stage: int) -> int:
+    """Parameter tensors of one model stage: per layer Q, K, V, O, the MLP's two or three and two norm gains;
+    the embedding on the first stage, the final norm and head on the last."""
+    m, lay = ctx.plan.model, ctx.plan.layout
+    per_layer = 4 + (3 if m.glu else 2) + 2
+    extras = (1 if stage == 0 else 0) + (2 if stage == lay.num_stages - 1 else 0)
+    return len(stage_layer_ranges(ctx.plan)[stage]) * per_layer + extras
+
+
 def _optimizer_s(ctx: _Context) -> dict[int, float]:
     """Seconds of the Adam step on each pipeline rank: memory-bound over the parameters it updates — its ZeRO
-    shard from stage 1 on (dense over dp, experts over dp / ep), all of its parameters without ZeRO."""
-    lay = ctx.plan.layout
+    shard from stage 1 on (dense over dp, experts over dp / ep), all of its parameters without ZeRO — plus the
+    optimizer's per-tensor ops and the job-wide gradient-norm all-reduce."""
+    lay, eff = ctx.plan.layout, ctx.cluster.compute
+    sharded = lay.tp > 1 or (lay.zero >= 1 and lay.dp * lay.cp > 1)  # DTensor parameters dispatch per op
+    kernel_s = ctx.device.kernel_s + (eff.sharded_kernel_overhead_us * 1e-6 if sharded and lay.tp == 1 else 0.0)
+    norm = ctx.time("all_reduce", NORM_REDUCTION_BYTES, ctx.fabric.span(range(lay.world_size)))
     out = {}
     for rank in range(lay.pp):
-        params = [
-            stage_params(ctx.plan, s)
-            for s in range(lay.num_stages)
-            if schedules.stage_rank(lay.schedule, lay.pp, s) == rank
-        ]
+        stages = [s for s in range(lay.num_stages) if schedules.stage_rank(lay.schedule, lay.pp, s) == rank]
+        params = [stage_params(ctx.plan, s) for s in stages]
         if lay.zero >= 1:
             local = sum(p.dense / lay.dp + p.expert / (lay.dp // lay.ep) for p in params)
         else:
             local = sum(p.dense + p.expert for p in params)
-        out[rank] = ctx.device.memory_s(ADAM_BYTES_PER_PARAM * local, 4)
+        tensor_ops = eff.optimizer_kernels_per_tensor * sum(_param_tensors(ctx, s) for s in stages)
+        out[rank] = ctx.device.memory_s(ADAM_BYTES_PER_PARAM * local, 4) + tensor_ops * kernel_s + norm
     return out
 
 
@@ -312,6 +348,8 @@ def predict(plan: Plan, cluster: Cluster | None = None, options: PredictOptions 
             dp_stage_s=reduce_s,
             gather_stage_s=gather_s,
             optimizer_s=_optimizer_s(ctx),
+            dp_overlap=cluster.compute.dp_overlap_fraction,
+            host=_host_sharing(ctx),
         )
     )
     weights, kept = _activation_weights(ctx)
@@ -382,6 +420,7 @@ def _summarise(
             }
             for s in result.slices
         ],
+        stage_phases_s=[r.phases() for r in result.ranks],
     )
 
 
