@@ -295,7 +295,7 @@ def _optimizer_s(ctx: _Context) -> dict[int, float]:
     lay, eff = ctx.plan.layout, ctx.cluster.compute
     sharded = lay.tp > 1 or (lay.zero >= 1 and lay.dp * lay.cp > 1)  # DTensor parameters dispatch per op
     kernel_s = ctx.device.kernel_s + (eff.sharded_kernel_overhead_us * 1e-6 if sharded and lay.tp == 1 else 0.0)
-    norm = ctx.time("all_reduce", NORM_REDUCTION_BYTES, ctx.fabric.span(range(lay.world_size)))
+    norm = ctx.time("all_reduce", NORM_REDUCTION_BYTES, ctx.span("dp", "pp", "cp", "tp"))
     out = {}
     for rank in range(lay.pp):
         stages = [s for s in range(lay.num_stages) if schedules.stage_rank(lay.schedule, lay.pp, s) == rank]
