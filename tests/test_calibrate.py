@@ -1,0 +1,137 @@
+"""Calibration recovers known parameters from synthetic records written by the twin itself."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from plan import loader
+from plan.cluster import Cluster
+from plan.rank_grid import RankGrid
+from plan.records import Phases, RankCoords, RunManifest, StepRecord
+from plan.schema import Plan
+from twin.calibrate import Calibrator, Fit, calibrated_profile, get_field, predict_with_interval, with_fields
+from twin.measured import read_measurements
+from twin.predict import predict
+
+TRUE = {
+    "compute.kernel_overhead_us": 40.0,
+    "compute.sharded_kernel_overhead_us": 120.0,
+    "node.intra.latency_us": 900.0,
+    "node.intra.bandwidth_GBps": 0.5,
+    "compute.dp_overlap_fraction": 0.2,
+}
+LAYOUTS = [
+    [],  # cpu-tiny: dp2 tp2 pp2 1f1b
+    ["layout.dp=4", "layout.pp=1"],
+    ["layout.tp=1", "layout.pp=4"],
+    ["layout.dp=8", "layout.tp=1", "layout.pp=1"],
+    ["layout.dp=1", "layout.schedule=gpipe"],
+    ["layout.tp=1", "layout.schedule=interleaved-1f1b", "layout.virtual_stages=2"],
+]
+HELD_OUT = ["layout.dp=4", "layout.tp=2", "layout.pp=1", "layout.zero=0", "layout.microbatch_size=1"]
+
+
+def write_synthetic_run(plan: Plan, cluster: Cluster, run_dir: Path, steps: int, noise: float, seed: int) -> None:
+    """A run directory as the executor writes it, with the twin's phases and step time plus relative noise."""
+    pred = predict(plan, cluster)
+    rng = np.random.default_rng(seed)
+    grid = RankGrid.from_layout(plan.layout)
+    run_dir.mkdir(parents=True)
+    manifest = RunManifest(
+        run_id=run_dir.name,
+        created_unix=0.0,
+        plan=plan,
+        plan_sha256=hashlib.sha256(plan.model_dump_json().encode()).hexdigest(),
+        torch_version="synthetic",
+        python_version="synthetic",
+        device="cpu",
+        backend="gloo",
+        world_size=plan.layout.world_size,
+        hosts=("synthetic",) * plan.layout.world_size,
+    )
+    (run_dir / "manifest.json").write_text(manifest.model_dump_json())
+    lines = []
+    for step in range(steps):
+        factor = 1 + noise * rng.standard_normal()
+        for rank in range(plan.layout.world_size):
+            c = grid.coords(rank)
+            phases = {k: v * factor for k, v in pred.stage_phases_s[c.pp].items()}
+            record = StepRecord(
+                step=step,
+                rank=rank,
+                coords=RankCoords(dp=c.dp, pp=c.pp, cp=c.cp, ep=0, tp=c.tp),
+                time_unix=float(step),
+                step_s=pred.step_time_s * factor,
+                phases=Phases(**phases),
+                tokens=plan.tokens_per_step,
+            )
+            lines.append(record.model_dump_json())
+    (run_dir / "records.jsonl").write_text("\n".join(lines) + "\n")
+
+
+@pytest.fixture(scope="module")
+def synthetic(tmp_path_factory: pytest.TempPathFactory) -> tuple[Cluster, Cluster, list[Path]]:
+    base = loader.load_cluster("localhost-cpu")
+    truth = with_fields(base, TRUE)
+    root = tmp_path_factory.mktemp("runs")
+    dirs = []
+    for i, overrides in enumerate(LAYOUTS):
+        for repeat in range(2):
+            run_dir = root / f"run{i}-{repeat}"
+            write_synthetic_run(loader.load("cpu-tiny", overrides), truth, run_dir, 6, 0.01, seed=10 * i + repeat)
+            dirs.append(run_dir)
+    return base, truth, dirs
+
+
+def test_repeats_are_pooled_and_warmup_dropped(synthetic: tuple[Cluster, Cluster, list[Path]]) -> None:
+    _, truth, dirs = synthetic
+    data = read_measurements(dirs)
+    assert len(data) == len(LAYOUTS)
+    assert all(len(m.runs) == 2 and len(m.repeat_means) == 2 for m in data)
+    first = data[0]
+    assert first.step_s == pytest.approx(predict(first.plan, truth).step_time_s, rel=0.02)
+    assert 0 < first.step_sd < 0.05 * first.step_s  # 1% noise on 8 steps
+
+
+@pytest.fixture(scope="module")
+def fitted(synthetic: tuple[Cluster, Cluster, list[Path]]) -> Fit:
+    return Calibrator(synthetic[0]).fit(read_measurements(synthetic[2]))
+
+
+def test_fit_recovers_known_parameters(fitted: Fit) -> None:
+    fit = fitted
+    for path, value in TRUE.items():
+        assert path in fit.values, f"{path} was not fitted (fixed: {fit.fixed})"
+        # within its own stated uncertainty (3 sigma), and that uncertainty is small: the data pin it down
+        assert abs(fit.values[path] - value) <= max(0.03 * value, 3 * fit.std[path]), path
+        assert fit.std[path] < 0.1 * value, path
+    assert fit.values["compute.gemm_peak_fraction.bf16"] == pytest.approx(0.8, rel=0.05)  # untouched truth
+    assert fit.step_rms < 0.02
+
+
+def test_held_out_plan_predicted_within_its_interval(
+    synthetic: tuple[Cluster, Cluster, list[Path]], fitted: Fit
+) -> None:
+    base, truth, _ = synthetic
+    fit = fitted
+    plan = loader.load("cpu-tiny", HELD_OUT)
+    actual = predict(plan, truth).step_time_s
+    before = predict(plan, base).step_time_s
+    interval = predict_with_interval(plan, fit)
+    assert abs(before / actual - 1) > 0.3  # the base profile is far off ...
+    assert interval.step_s == pytest.approx(actual, rel=0.03)  # ... the fitted one is not
+    assert interval.low_s <= actual <= interval.high_s
+
+
+def test_profile_round_trips_as_a_cluster_file(synthetic: tuple[Cluster, Cluster, list[Path]]) -> None:
+    base, _, dirs = synthetic
+    fit = Calibrator(base).fit(read_measurements(dirs[:4]))
+    profile = calibrated_profile(fit, "localhost-cpu", [str(d) for d in dirs[:4]], 0.01)
+    again = Cluster.model_validate_json(profile.model_dump_json())
+    assert again.calibration is not None and again.calibration.base == "localhost-cpu"
+    for p in again.calibration.parameters:
+        assert get_field(again, p.path) == pytest.approx(p.value)

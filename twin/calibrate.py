@@ -1,0 +1,252 @@
+"""Fit a cluster profile's parameters to measured runs, and predict with the fitted profile (`twin calibrate`).
+
+The twin predicts each measured plan on a candidate profile; `scipy.optimize.least_squares` moves the profile's
+calibratable fields (the knobs) to minimise the relative error of every pipeline rank's phases — forward,
+backward, exposed TP/DP communication, pipeline waiting, optimizer — and of the step itself, each as a fraction of
+the measured step time. Scale knobs are fitted in log space (a latency of 20 or 200 us is the same kind of
+guess). A knob whose residuals barely move (no run exercises it) is left at its base value and reported as not
+identifiable, rather than wandering to a bound. Parameter uncertainty comes from the Jacobian at the solution
+(covariance ≈ s²·(JᵀJ)⁻¹), and a prediction's interval adds, to that, the fit's own step-time error.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from scipy.optimize import least_squares
+
+from plan.cluster import Calibration, Cluster, FittedParameter
+from plan.schema import Plan
+from twin.measured import Measurement
+from twin.predict import StepPrediction, predict
+
+STEP_WEIGHT = 2.0  # the step time is what users plan with: it counts twice as much as any one phase
+Z95 = 1.959964  # two-sided 95% normal quantile
+IDENTIFIABLE = 1e-3  # a knob moving no residual by 0.1% of a step per e-fold change is not identified
+
+# Phases compared, as sums of the executor's record phases; pipeline waiting is bubble plus exposed p2p (on one
+# host a receive's wait cannot be split into the two).
+PHASE_GROUPS: dict[str, tuple[str, ...]] = {
+    "forward": ("forward",),
+    "backward": ("backward",),
+    "comm_tp": ("comm_tp", "comm_cp", "comm_ep"),
+    "comm_dp": ("comm_dp",),
+    "wait": ("bubble", "comm_pp"),
+    "optimizer": ("optimizer",),
+}
+
+
+@dataclass(frozen=True)
+class Knob:
+    """One calibratable cluster field."""
+
+    path: str
+    """Dotted path in the cluster file."""
+    lower: float
+    upper: float
+    log: bool = True
+    """Fit the logarithm (scale parameters) rather than the value (fractions)."""
+    exercised: Callable[[Plan], bool] = field(default=lambda plan: True, compare=False)
+    """Whether a run of this plan can say anything about the knob."""
+    start: float | None = None
+    """Where the fit starts when the base value is zero (a log knob cannot start at 0)."""
+
+
+KNOBS: tuple[Knob, ...] = (
+    Knob("compute.kernel_overhead_us", 0.05, 1e5),
+    Knob("compute.sharded_kernel_overhead_us", 0.05, 1e5, exercised=lambda p: p.layout.tp > 1, start=10.0),
+    Knob("node.intra.latency_us", 0.05, 1e6, exercised=lambda p: p.layout.world_size > 1),
+    Knob("node.intra.bandwidth_GBps", 1e-3, 1e4, exercised=lambda p: p.layout.world_size > 1),
+    Knob("compute.dp_overlap_fraction", 0.0, 1.0, log=False, exercised=lambda p: p.layout.dp * p.layout.cp > 1),
+    Knob("compute.gemm_peak_fraction.bf16", 0.01, 1.0),
+)
+
+
+def get_field(cluster: Cluster, path: str) -> float:
+    node: Any = cluster.model_dump()
+    for part in path.split("."):
+        node = node[int(part)] if isinstance(node, list) else node[part]
+    return float(node)
+
+
+def with_fields(cluster: Cluster, values: dict[str, float]) -> Cluster:
+    """A copy of `cluster` with the given dotted fields set (validated like a file)."""
+    data = cluster.model_dump()
+    for path, value in values.items():
+        *parents, leaf = path.split(".")
+        node: Any = data
+        for part in parents:
+            node = node[int(part)] if isinstance(node, list) else node[part]
+        node[int(leaf) if isinstance(node, list) else leaf] = value
+    return Cluster.model_validate(data)
+
+
+def measured_vector(m: Measurement) -> list[float]:
+    """The measured step and per-rank phase groups, each as a fraction of the measured step."""
+    out = [STEP_WEIGHT]
+    for phases in m.stage_phases:
+        out += [sum(phases[p] for p in group) / m.step_s for group in PHASE_GROUPS.values()]
+    return out
+
+
+def predicted_vector(pred: StepPrediction, m: Measurement) -> list[float]:
+    out = [STEP_WEIGHT * pred.step_time_s / m.step_s]
+    for phases in pred.stage_phases_s:
+        out += [sum(phases.get(p, 0.0) for p in group) / m.step_s for group in PHASE_GROUPS.values()]
+    return out
+
+
+@dataclass(frozen=True)
+class Fit:
+    """A fitted profile and how it was reached."""
+
+    cluster: Cluster
+    base: Cluster
+    knobs: tuple[Knob, ...]
+    """The knobs that were fitted."""
+    values: dict[str, float]
+    std: dict[str, float]
+    """One standard deviation of each fitted value (its unit)."""
+    fixed: tuple[str, ...]
+    """Knobs left at their base value: no run exercises them, or they move no residual."""
+    covariance: np.ndarray
+    """Covariance of the fitted parameters in fit space (log for log knobs)."""
+    step_rms: float
+    """Root-mean-square relative error of the fitted plans' step times."""
+    residual_rms: float
+    """Root-mean-square of every residual (fractions of step time)."""
+
+
+class Calibrator:
+    """Least-squares fit of a base profile's knobs to measurements."""
+
+    def __init__(self, base: Cluster, knobs: Sequence[Knob] = KNOBS) -> None:
+        self.base = base
+        self.knobs = tuple(knobs)
+
+    def _encode(self, knob: Knob, value: float) -> float:
+        if value <= 0 and knob.start is not None:
+            value = knob.start
+        value = min(max(value, knob.lower), knob.upper)
+        return math.log(value) if knob.log else value
+
+    def _decode(self, knobs: Sequence[Knob], x: np.ndarray) -> dict[str, float]:
+        return {k.path: float(math.exp(v) if k.log else v) for k, v in zip(knobs, x, strict=True)}
+
+    def _bounds(self, knobs: Sequence[Knob]) -> tuple[list[float], list[float]]:
+        lo = [math.log(k.lower) if k.log else k.lower for k in knobs]
+        hi = [math.log(k.upper) if k.log else k.upper for k in knobs]
+        return lo, hi
+
+    def residuals(self, knobs: Sequence[Knob], x: np.ndarray, data: Sequence[Measurement]) -> np.ndarray:
+        cluster = with_fields(self.base, self._decode(knobs, x))
+        out: list[float] = []
+        for m in data:
+            pred = predict(m.plan, cluster)
+            out += [p - q for p, q in zip(predicted_vector(pred, m), measured_vector(m), strict=True)]
+        return np.asarray(out)
+
+    def fit(self, data: Sequence[Measurement]) -> Fit:
+        knobs = [k for k in self.knobs if any(k.exercised(m.plan) for m in data)]
+        x0 = np.array([self._encode(k, get_field(self.base, k.path)) for k in knobs])
+        lo, hi = self._bounds(knobs)
+        x0 = np.clip(x0, np.array(lo) + 1e-9, np.array(hi) - 1e-9)
+        jac0 = self._jacobian(knobs, x0, data)
+        live = [i for i in range(len(knobs)) if np.abs(jac0[:, i]).max() > IDENTIFIABLE]
+        fixed = tuple(k.path for i, k in enumerate(knobs) if i not in live)
+        knobs = [knobs[i] for i in live]
+        x0 = x0[live]
+        lo, hi = self._bounds(knobs)
+        sol = least_squares(
+            lambda x: self.residuals(knobs, x, data), x0, bounds=(lo, hi), x_scale="jac", diff_step=1e-4
+        )
+        dof = max(1, sol.fun.size - len(knobs))
+        s2 = float(sol.fun @ sol.fun) / dof
+        cov = np.linalg.pinv(sol.jac.T @ sol.jac) * s2
+        values = self._decode(knobs, sol.x)
+        std = {
+            k.path: float(values[k.path] * math.sqrt(max(0.0, cov[i, i])) if k.log else math.sqrt(max(0.0, cov[i, i])))
+            for i, k in enumerate(knobs)
+        }
+        cluster = with_fields(self.base, values)
+        step_res = [self._step_error(cluster, m) for m in data]
+        return Fit(
+            cluster=cluster,
+            base=self.base,
+            knobs=tuple(knobs),
+            values=values,
+            std=std,
+            fixed=fixed,
+            covariance=cov,
+            step_rms=float(np.sqrt(np.mean(np.square(step_res)))),
+            residual_rms=float(np.sqrt(np.mean(np.square(sol.fun)))),
+        )
+
+    def _jacobian(self, knobs: Sequence[Knob], x: np.ndarray, data: Sequence[Measurement]) -> np.ndarray:
+        """Coarse forward differences, one e-fold (log knobs) or 0.3 (fractions): does the knob matter at all?"""
+        base = self.residuals(knobs, x, data)
+        cols = []
+        hi = self._bounds(knobs)[1]
+        for i, knob in enumerate(knobs):
+            size = 1.0 if knob.log else 0.3
+            step = size if x[i] + size <= hi[i] else -size
+            moved = x.copy()
+            moved[i] += step
+            cols.append((self.residuals(knobs, moved, data) - base) / step)
+        return np.stack(cols, axis=1) if cols else np.zeros((base.size, 0))
+
+    @staticmethod
+    def _step_error(cluster: Cluster, m: Measurement) -> float:
+        return predict(m.plan, cluster).step_time_s / m.step_s - 1
+
+
+@dataclass(frozen=True)
+class Interval:
+    """A predicted step time and its 95% interval (seconds)."""
+
+    step_s: float
+    low_s: float
+    high_s: float
+
+
+def predict_with_interval(plan: Plan, fit: Fit) -> Interval:
+    """The fitted profile's step time for `plan`, with a 95% interval from the parameters' covariance (delta
+    method) and the fit's own step-time error."""
+    step = predict(plan, fit.cluster).step_time_s
+    grad = []
+    for knob in fit.knobs:
+        value = fit.values[knob.path]
+        x = math.log(value) if knob.log else value
+        dx = 0.05 if not knob.log or x + 0.05 <= math.log(knob.upper) else -0.05
+        moved = math.exp(x + dx) if knob.log else min(knob.upper, x + dx)
+        if not knob.log and moved == x:
+            moved, dx = x - dx, -dx
+        other = predict(plan, with_fields(fit.cluster, {knob.path: moved})).step_time_s
+        grad.append((other - step) / dx)
+    g = np.asarray(grad)
+    var = float(g @ fit.covariance @ g) if g.size else 0.0
+    sd = math.sqrt(max(0.0, var) + (fit.step_rms * step) ** 2)
+    return Interval(step, max(0.0, step - Z95 * sd), step + Z95 * sd)
+
+
+def calibrated_profile(fit: Fit, name: str, sources: Sequence[str], step_cv: float) -> Cluster:
+    """The fitted cluster as a profile a plan can name, with its calibration record."""
+    params = tuple(
+        FittedParameter(path=k.path, before=get_field(fit.base, k.path), value=fit.values[k.path], std=fit.std[k.path])
+        for k in fit.knobs
+    )
+    record = Calibration(
+        base=fit.base.name,
+        created_unix=time.time(),
+        runs=tuple(sources),
+        parameters=params,
+        residual_rms=fit.residual_rms,
+        step_cv=step_cv,
+    )
+    description = f"{fit.base.description} Calibrated by `twin calibrate` on {len(sources)} run(s)."
+    return fit.cluster.model_copy(update={"name": name, "description": description, "calibration": record})
