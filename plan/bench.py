@@ -1,0 +1,96 @@
+"""The microbenchmark result schema: what `twin bench` (run by the executor) writes and `twin calibrate` reads.
+
+Collective figures follow nccl-tests' conventions (PERFORMANCE.md): `bytes` is the size of the whole buffer the
+operation produces or reduces (all-gather: the gathered output; reduce-scatter: the input), algorithm bandwidth
+is bytes / time, and bus bandwidth is that times the operation's factor — 2(n−1)/n for all-reduce, (n−1)/n for
+all-gather, reduce-scatter and all-to-all, 1 for point-to-point — so it compares with link bandwidth.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Final, Literal
+
+from pydantic import NonNegativeFloat, PositiveFloat, PositiveInt, ValidationError
+
+from plan.records import RecordError
+from plan.schema import Section
+
+BENCH_SCHEMA_VERSION: Final = 1
+COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "p2p")
+
+
+def bus_factor(op: str, ranks: int) -> float:
+    """nccl-tests' bus-bandwidth factor of `op` over `ranks` ranks."""
+    if op == "all_reduce":
+        return 2 * (ranks - 1) / ranks
+    if op == "p2p":
+        return 1.0
+    return (ranks - 1) / ranks
+
+
+class GemmPoint(Section):
+    """One matrix multiply (M×K)·(K×N), timed."""
+
+    m: PositiveInt
+    n: PositiveInt
+    k: PositiveInt
+    dtype: str
+    seconds: PositiveFloat
+    """Median time of one multiply (seconds)."""
+
+    @property
+    def flops(self) -> float:
+        return 2.0 * self.m * self.n * self.k
+
+
+class OpPoint(Section):
+    """The fixed host cost of one tiny op: eager, or on a DTensor (sharding propagation and dispatch)."""
+
+    kind: Literal["eager", "dtensor"]
+    seconds: PositiveFloat
+    """Median time of one op on a one-element tensor (seconds)."""
+
+
+class CollectivePoint(Section):
+    """One collective at one size over one group, timed as nccl-tests does."""
+
+    op: str
+    ranks: PositiveInt
+    """Ranks in the group (count)."""
+    bytes: PositiveInt
+    """nccl-tests' size convention (see the module docstring) (bytes)."""
+    seconds: PositiveFloat
+    """Median over iterations of the slowest rank's time (seconds)."""
+    algbw_GBps: NonNegativeFloat
+    busbw_GBps: NonNegativeFloat
+
+
+class BenchResult(Section):
+    """One `twin bench` run on one host."""
+
+    schema_version: Literal[1] = BENCH_SCHEMA_VERSION
+    device: Literal["cpu", "cuda"]
+    backend: Literal["gloo", "nccl"]
+    world_size: PositiveInt
+    host: str
+    torch_version: str
+    threads_per_rank: PositiveInt
+    """Intra-op threads of each rank (torchrun sets 1 unless OMP_NUM_THREADS says otherwise)."""
+    gemm: tuple[GemmPoint, ...] = ()
+    ops: tuple[OpPoint, ...] = ()
+    collectives: tuple[CollectivePoint, ...] = ()
+    skipped: tuple[str, ...] = ()
+    """What could not be measured here, and why."""
+
+
+def read_bench(path: Path) -> BenchResult:
+    """Read and validate a `bench.json`; a bad file raises RecordError naming it and the field."""
+    try:
+        return BenchResult.model_validate_json(path.read_bytes())
+    except OSError as exc:
+        raise RecordError(f"{path}: cannot read ({exc}); run `twin bench --out {path.parent}` first") from None
+    except ValidationError as exc:
+        first = exc.errors(include_url=False)[0]
+        loc = ".".join(str(p) for p in first["loc"])
+        raise RecordError(f"{path}: {loc}: {first['msg']}") from None
