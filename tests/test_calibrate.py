@@ -135,3 +135,36 @@ def test_profile_round_trips_as_a_cluster_file(synthetic: tuple[Cluster, Cluster
     assert again.calibration is not None and again.calibration.base == "localhost-cpu"
     for p in again.calibration.parameters:
         assert get_field(again, p.path) == pytest.approx(p.value)
+
+
+def test_calibrate_command_writes_a_profile_plans_can_name(
+    synthetic: tuple[Cluster, Cluster, list[Path]], tmp_path: Path
+) -> None:
+    import json
+
+    from typer.testing import CliRunner
+
+    from twin.cli import app
+
+    _, truth, dirs = synthetic
+    out = tmp_path / "fitted.yaml"
+    args = ["calibrate", *map(str, dirs), "--cluster", "localhost-cpu", "--out", str(out), "--json"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.output.strip().splitlines()[-1])
+    assert report["fit"]["plans"] == len(LAYOUTS)
+    assert report["fit"]["median_abs_error_after"] < 0.02 < report["fit"]["median_abs_error_before"]
+    plan = loader.load("cpu-tiny", [f"cluster={out}"])
+    fitted = loader.plan_cluster(plan)
+    assert fitted.calibration is not None
+    assert fitted.compute.kernel_overhead_us == pytest.approx(TRUE["compute.kernel_overhead_us"], rel=0.05)
+
+
+def test_calibrate_rejects_runs_of_another_cluster(synthetic: tuple[Cluster, Cluster, list[Path]]) -> None:
+    from typer.testing import CliRunner
+
+    from twin.cli import app
+
+    result = CliRunner().invoke(app, ["calibrate", str(synthetic[2][0]), "--cluster", "single-h100"])
+    assert result.exit_code == 2
+    assert "not 'single-h100'" in result.output

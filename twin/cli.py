@@ -259,9 +259,13 @@ def presets(as_json: JsonOpt = False) -> None:
         console.print(f"[bold]{kind}[/]: {', '.join(names)}")
 
 
+from twin.calibrate_cli import bench, calibrate_command, loop  # noqa: E402
 from twin.launch import execute  # noqa: E402
 
 app.command()(user_errors(execute))
+app.command()(user_errors(bench))
+app.command("calibrate")(user_errors(calibrate_command))
+app.command()(user_errors(loop))
 
 
 def main() -> None:
