@@ -146,7 +146,7 @@ def test_calibrate_command_writes_a_profile_plans_can_name(
 
     from twin.cli import app
 
-    _, truth, dirs = synthetic
+    dirs = synthetic[2]
     out = tmp_path / "fitted.yaml"
     args = ["calibrate", *map(str, dirs), "--cluster", "localhost-cpu", "--out", str(out), "--json"]
     result = CliRunner().invoke(app, args)
