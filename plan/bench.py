@@ -11,9 +11,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Final, Literal
 
-from pydantic import NonNegativeFloat, PositiveFloat, PositiveInt, ValidationError
+from pydantic import NonNegativeFloat, PositiveFloat, PositiveInt
 
-from plan.records import RecordError
+from plan.records import read_json_file
 from plan.schema import Section
 
 BENCH_SCHEMA_VERSION: Final = 1
@@ -86,11 +86,4 @@ class BenchResult(Section):
 
 def read_bench(path: Path) -> BenchResult:
     """Read and validate a `bench.json`; a bad file raises RecordError naming it and the field."""
-    try:
-        return BenchResult.model_validate_json(path.read_bytes())
-    except OSError as exc:
-        raise RecordError(f"{path}: cannot read ({exc}); run `twin bench --out {path.parent}` first") from None
-    except ValidationError as exc:
-        first = exc.errors(include_url=False)[0]
-        loc = ".".join(str(p) for p in first["loc"])
-        raise RecordError(f"{path}: {loc}: {first['msg']}") from None
+    return read_json_file(path, BenchResult, f"run `twin bench --out {path.parent}` first")

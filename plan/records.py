@@ -11,9 +11,9 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Final, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Final, Literal, TypeVar
 
-from pydantic import Field, NonNegativeFloat, NonNegativeInt, TypeAdapter, ValidationError
+from pydantic import BaseModel, Field, NonNegativeFloat, NonNegativeInt, TypeAdapter, ValidationError
 
 from plan.schema import Plan, Section
 
@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     import pandas as pd
 
 RECORD_SCHEMA_VERSION: Final = 1
+M = TypeVar("M", bound=BaseModel)
 
 # The phases of one step, shared with the twin's StepBreakdown (seconds each, per rank).
 PHASES = (
@@ -217,17 +218,22 @@ def iter_records(path: Path) -> Iterator[StepRecord | EventRecord | LayerStatsRe
         yield parse_record(line, f"{path}:{number}")
 
 
-def read_manifest(run_dir: Path) -> RunManifest:
-    """Read and validate `run_dir/manifest.json`."""
-    path = run_dir / "manifest.json"
+def read_json_file(path: Path, model: type[M], fix: str) -> M:
+    """Read and validate one JSON file as `model`; an unreadable or invalid one raises RecordError naming the
+    file and the field, with `fix` for an unreadable one."""
     try:
-        return RunManifest.model_validate_json(path.read_bytes())
+        return model.model_validate_json(path.read_bytes())
     except OSError as exc:
-        raise RecordError(f"{path}: cannot read ({exc}); is {run_dir} a run directory?") from None
+        raise RecordError(f"{path}: cannot read ({exc}); {fix}") from None
     except ValidationError as exc:
         first = exc.errors(include_url=False)[0]
         loc = ".".join(str(p) for p in first["loc"])
         raise RecordError(f"{path}: {loc}: {first['msg']}") from None
+
+
+def read_manifest(run_dir: Path) -> RunManifest:
+    """Read and validate `run_dir/manifest.json`."""
+    return read_json_file(run_dir / "manifest.json", RunManifest, f"is {run_dir} a run directory?")
 
 
 def steps_frame(path: Path) -> pd.DataFrame:
