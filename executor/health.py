@@ -8,6 +8,10 @@ EXIT_PEER_FAILED, so that torchrun (`--max-restarts`) restarts the gang from the
 waiting out the collective timeout. A collective that fails in training ('Connection reset by peer' when a gloo
 peer dies) and torchrun's SIGTERM to the survivors go through the same diagnosis, so whichever comes first
 names the culprit. Heartbeat files live in the run directory, which multi-node runs already share for records.
+
+The verdict is also kept in `<run>/health/failure.json` (the failed gang's shape, the dead rank's last heartbeat
+as the failure time) until the next gang's first step, when rank 0 times the restart (`executor.elastic`). The
+first failure of a run of failed attempts is kept: the restart is timed from it.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from types import FrameType
@@ -27,6 +31,7 @@ from typing import NoReturn
 
 EXIT_PEER_FAILED = 4
 EXIT_TERMINATED = 128 + signal.SIGTERM
+FAILURE_FILE = "failure.json"
 
 
 @dataclass(frozen=True)
@@ -92,10 +97,17 @@ def diagnose(
 class Health:
     """This rank's heartbeat and its watch over the others."""
 
-    def __init__(self, run_dir: Path, rank: int, timeout_s: float, event: Callable[..., None]) -> None:
+    def __init__(
+        self,
+        run_dir: Path,
+        rank: int,
+        timeout_s: float,
+        event: Callable[..., None],
+        gang: Mapping[str, int] | None = None,
+    ) -> None:
         self.dir = run_dir / "health"
         self.dir.mkdir(parents=True, exist_ok=True)
-        self.rank, self.timeout_s, self.event = rank, timeout_s, event
+        self.rank, self.timeout_s, self.event, self.gang = rank, timeout_s, event, dict(gang or {})
         self.attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
         self.period = min(0.5, timeout_s / 6)
         self.host, self.step = socket.gethostname(), 0
@@ -159,10 +171,30 @@ class Health:
             message = verdict.message(self.timeout_s)
             detail = {"cause": verdict.cause, "silent_s": verdict.silent_s, "message": message}
             self.event("detected", verdict.step, detail, rank=verdict.rank, duration_s=verdict.silent_s)
+            self._keep_failure(verdict)
             print(f"error: {message}", file=sys.stderr, flush=True)
         self.stopped.set()
         self._write(done=True)  # leaving on purpose: whoever looks next must not blame this rank
         os._exit(EXIT_PEER_FAILED)
+
+    def _keep_failure(self, verdict: Verdict) -> None:
+        """Write failure.json for the next gang's restart clock, unless an earlier failure still waits there."""
+        now = time.time()
+        facts = {
+            "time_unix": now - verdict.silent_s,
+            "detected_unix": now,
+            "rank": verdict.rank,
+            "step": verdict.step,
+            "cause": verdict.cause,
+            "attempt": self.attempt,
+            "gang": self.gang,
+        }
+        try:
+            fd = os.open(self.dir / FAILURE_FILE, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            return
+        with os.fdopen(fd, "w") as f:
+            json.dump(facts, f)
 
     def explain(self) -> None:
         """After a failed collective: wait for the watchdog's verdict and leave with it; return if there is none.

@@ -11,6 +11,9 @@ the latest good one on start, so a restart by `torchrun --max-restarts` continue
 heartbeat per rank whose watchdog names a dead or hung rank (`executor.health`, exit 4); injected faults
 (`--inject KIND@STEP[:RANK]`, `executor.faults`, an injected crash exits 17); a cross-replica weight checksum
 that rolls back to the last checkpoint when replicas disagree.
+
+Elastic (`--elastic`, which `twin execute --nnodes MIN:MAX` passes): the gang takes the world size the rendezvous
+gives it, dp re-derived and the global batch kept (`executor.elastic`), and resumes resharded.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import torch.distributed as dist
 from executor.checkpoint import Checkpointer
 from executor.ckpt_store import CheckpointError
 from executor.data import DataError, Sampler, open_corpus, save_cursor
+from executor.elastic import RestartTimer, fit_world, gang_facts
 from executor.engine import StepResult, Trainer
 from executor.faults import FaultInjector, replicas_disagree
 from executor.health import Health
@@ -71,6 +75,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--checkpoint-dir", type=Path, default=None, help="default: <out>/checkpoints")
     p.add_argument("--resume-from", type=Path, default=None, help="a checkpoint directory (default: the latest good)")
     p.add_argument("--inject", action="append", default=[], help="KIND@STEP[:RANK], a fault to inject (repeatable)")
+    p.add_argument("--elastic", action="store_true", help="run on the world size started: dp = world / (tp·pp·cp)")
     args = p.parse_args(argv)
     if args.steps < 1:
         p.error("--steps must be at least 1")
@@ -202,7 +207,7 @@ def run_training(plan: Plan, args: argparse.Namespace, device: torch.device) -> 
     dist.barrier()
     trainer = Trainer(plan, topo, sampler, device, compile=args.compile)
     reporter = RankReporter(plan, topo, out, device, args)
-    health = Health(out, topo.rank, plan.reliability.heartbeat_timeout_s, reporter.event)
+    health = Health(out, topo.rank, plan.reliability.heartbeat_timeout_s, reporter.event, gang_facts(plan))
     faults = FaultInjector(plan, topo.rank, out, reporter.event, health)
     root = args.checkpoint_dir or out / "checkpoints"
     ckpt = Checkpointer(plan, trainer, sampler, root, reporter.event, faults.writer_fault, faults.crash, faults)
@@ -253,19 +258,26 @@ class TrainLoop:
         bitflips = any(f.kind == "bitflip" for f in rel.faults)
         self.sdc_every = rel.sdc_check_every_steps or (1 if bitflips else 0)
         self.replicas = topo.replica_mesh.get_group() if topo.replica_mesh is not None else None
+        self.gang = gang_facts(plan)
+        run_dir = reporter.writer.path.parent
+        self.restart = RestartTimer(run_dir, self.gang, reporter.event) if topo.rank == 0 else None
 
     def resume(self) -> int:
         info = self.ckpt.resume(self.args.resume_from)
         start = info.step if info else 0
         self.faults.resumed_from = start
+        if self.topo.rank == 0:
+            self.reporter.event("start", start, {"attempt": self.faults.attempt, **self.gang})
         if info is not None and self.topo.rank == 0:
             detail = {"path": str(info.path), "layout": info.manifest["layout"], "attempt": self.faults.attempt}
+            detail["world_size"] = info.manifest.get("world_size")
             self.reporter.event("resume", start, detail)
         return start
 
     def run(self) -> list[StepResult]:
         step, results = self.resume(), []
         while step < self.args.steps:
+            started_unix = time.time()
             self.health.beat(step)
             self.faults.before_step(step, self.trainer)
             stats = self.args.stats_every > 0 and step % self.args.stats_every == 0
@@ -287,6 +299,8 @@ class TrainLoop:
                 if flagged:
                     self.faults.detected("slow", step, {"stragglers": list(flagged)}, ranks=flagged)
                 self.faults.settle(step)
+                if self.restart is not None:
+                    self.restart.stepped(step, started_unix, self.faults.attempt, self.faults.resumed_from)
             step += 1
         self.ckpt.wait()
         self.health.finish()
@@ -337,6 +351,8 @@ def main(argv: list[str] | None = None) -> int:
     world = int(os.environ.get("WORLD_SIZE", "1"))
     try:
         plan = with_injected(loader.load(args.plan, args.overrides), args.inject)
+        if args.elastic:
+            plan = fit_world(plan, world)
         check_supported(plan)
         check_faults(plan)
         if plan.layout.world_size != world:
