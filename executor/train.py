@@ -34,7 +34,7 @@ from executor.ckpt_store import CheckpointError
 from executor.data import DataError, Sampler, open_corpus, save_cursor
 from executor.elastic import RestartTimer, fit_world, gang_facts
 from executor.engine import StepResult, Trainer
-from executor.faults import FaultInjector, replicas_disagree
+from executor.faults import FaultInjector, check_faults, replicas_disagree, with_injected
 from executor.health import Health
 from executor.parallel import LayoutError, Topology, check_supported
 from executor.progress import Progress
@@ -54,7 +54,7 @@ from executor.telemetry import (
 from plan import loader
 from plan.loader import PlanError
 from plan.records import EventRecord, LayerStatsRecord, RankCoords, StepRecord
-from plan.schema import FaultSpec, Plan
+from plan.schema import Plan
 
 EXIT_BAD_INPUT, EXIT_NON_FINITE = 2, 3
 
@@ -193,6 +193,8 @@ def run_training(plan: Plan, args: argparse.Namespace, device: torch.device) -> 
     out = args.out or default_run_dir(plan)
     hosts: list[str | None] = [None] * dist.get_world_size()
     dist.all_gather_object(hosts, hostname())
+    token = [f"{hostname()}-{os.getpid()}-{time.time_ns()}"]  # rank 0's: names this gang
+    dist.broadcast_object_list(token, src=0)
     if topo.rank == 0:
         manifest = build_manifest(
             out.name,
@@ -204,10 +206,12 @@ def run_training(plan: Plan, args: argparse.Namespace, device: torch.device) -> 
             command_line(),
         )
         write_manifest(manifest, out)
-    dist.barrier()
     trainer = Trainer(plan, topo, sampler, device, compile=args.compile)
     reporter = RankReporter(plan, topo, out, device, args)
-    health = Health(out, topo.rank, plan.reliability.heartbeat_timeout_s, reporter.event, gang_facts(plan))
+    health = Health(out, topo.rank, plan.reliability.heartbeat_timeout_s, reporter.event, gang_facts(plan), token[0])
+    if topo.rank == 0:
+        health.claim()
+    dist.barrier()  # the manifest and the claim are written before any rank reads them
     faults = FaultInjector(plan, topo.rank, out, reporter.event, health)
     root = args.checkpoint_dir or out / "checkpoints"
     ckpt = Checkpointer(plan, trainer, sampler, root, reporter.event, faults.writer_fault, faults.crash, faults)
@@ -323,26 +327,6 @@ class TrainLoop:
             self.faults.rolled_back(info.step)
             self.reporter.event("rollback", step, {"to_step": info.step, "path": str(info.path)})
         return info.step
-
-
-def with_injected(plan: Plan, inject: list[str]) -> Plan:
-    """The plan with `--inject` faults added to its reliability section (validated like the plan's own)."""
-    if not inject:
-        return plan
-    faults = (*plan.reliability.faults, *(FaultSpec.parse(text) for text in inject))
-    data = plan.model_dump()
-    data["reliability"]["faults"] = [f.model_dump() for f in faults]
-    return Plan.model_validate(data)
-
-
-def check_faults(plan: Plan) -> None:
-    """Reject fault injections this layout cannot detect, before any process group exists."""
-    lay = plan.layout
-    if any(f.kind == "bitflip" for f in plan.reliability.faults) and (lay.dp * lay.cp == 1 or lay.zero > 0):
-        raise LayoutError(
-            f"reliability.faults: bitflip is found by cross-replica weight checksums, which need whole replicas: "
-            f"dp·cp > 1 (has {lay.dp * lay.cp}) and zero 0 (has {lay.zero}); change the layout or drop the bitflip"
-        )
 
 
 def main(argv: list[str] | None = None) -> int:
