@@ -4,8 +4,9 @@ Under `torchrun --nnodes MIN:MAX` a gang may come back from a failure with fewer
 layout names. The model-parallel part of the layout (tp, pp, cp) is what a rank's shards are cut for, so it stays;
 data parallelism absorbs the change: dp = world / (tp·pp·cp). The global batch stays fixed, because the data
 order (`executor.data`: sample g of step s is a function of s·B + g) and the loss per step are defined over it:
-each replica takes global_batch / dp sequences, cut into more (or fewer) microbatches. The microbatch size stays
-the plan's where it divides a replica's share (the plan sized memory for it), else the largest divisor below it.
+each replica takes global_batch / dp sequences, cut into more (or fewer) microbatches. The microbatch size is the
+largest one, up to the plan's (which the plan sized memory for), that divides a replica's share and gives the
+pipeline schedule the microbatches it needs.
 The checkpoint reloads resharded under the new dp (DCP, `executor.checkpoint`).
 
 A restart is timed from the failure the watchdog recorded (`executor.health`: the dead rank's last heartbeat, so
@@ -26,10 +27,6 @@ from pydantic import ValidationError
 from executor.health import FAILURE_FILE
 from executor.parallel import LayoutError
 from plan.schema import Plan
-
-
-def _largest_divisor_at_most(n: int, cap: int) -> int:
-    return max(d for d in range(1, min(n, cap) + 1) if n % d == 0)
 
 
 def fit_world(plan: Plan, world: int) -> Plan:
@@ -54,20 +51,24 @@ def fit_world(plan: Plan, world: int) -> Plan:
             f"training.global_batch={batch}; the global batch is kept fixed so that the data order and the loss "
             f"carry over, so run with a node count whose dp divides {batch}"
         )
-    microbatch = _largest_divisor_at_most(batch // dp, lay.microbatch_size)
+    share = batch // dp
     data = plan.model_dump()
-    data["layout"].update(dp=dp, microbatch_size=microbatch)
     # A fault aimed at a rank the gang no longer has cannot strike.
     data["reliability"]["faults"] = [f for f in data["reliability"]["faults"] if f["rank"] < world]
-    try:
-        return Plan.model_validate(data)
-    except ValidationError as exc:
-        first = exc.errors(include_url=False)[0]
-        where = ".".join(str(p) for p in first["loc"])
-        raise LayoutError(
-            f"elastic: the rendezvous gave {world} ranks, so dp={dp} with microbatch_size={microbatch}, but then "
-            f"{where}: {first['msg'].removeprefix('Value error, ')}"
-        ) from None
+    first_error = ""
+    for microbatch in (m for m in range(min(share, lay.microbatch_size), 0, -1) if share % m == 0):
+        data["layout"].update(dp=dp, microbatch_size=microbatch)
+        try:
+            return Plan.model_validate(data)
+        except ValidationError as exc:
+            first_error = first_error or f"with microbatch_size={microbatch}: {_one_line(exc)}"
+    raise LayoutError(f"elastic: the rendezvous gave {world} ranks, so dp={dp}, and {first_error}")
+
+
+def _one_line(exc: ValidationError) -> str:
+    first = exc.errors(include_url=False)[0]
+    where = ".".join(str(p) for p in first["loc"])
+    return f"{where + ': ' if where else ''}{first['msg'].removeprefix('Value error, ')}"
 
 
 def gang_facts(plan: Plan) -> dict[str, int]:

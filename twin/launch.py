@@ -96,10 +96,11 @@ def torchrun_command(
 
 def parse_nnodes(text: int | str) -> tuple[int, int]:
     """`N` or `MIN:MAX` (torchrun's syntax) as (MIN, MAX); PlanError in one line when malformed."""
-    least, _, most = str(text).partition(":")
-    if not least.isdigit() or not (most or least).isdigit() or int(least) < 1 or int(most or least) < int(least):
+    least, colon, most = str(text).partition(":")
+    most = most if colon else least
+    if not (least.isdigit() and most.isdigit()) or not 1 <= int(least) <= int(most):
         raise PlanError(f"--nnodes {text}: write N or MIN:MAX with 1 <= MIN <= MAX, e.g. 1:2")
-    return int(least), int(most or least)
+    return int(least), int(most)
 
 
 def plan_faults(plan: Plan, inject: list[str]) -> tuple[FaultSpec, ...]:
