@@ -70,6 +70,9 @@ def test_nnodes_range_builds_an_elastic_c10d_command() -> None:
             parse_nnodes(bad)
     with pytest.raises(PlanError, match="--nnodes 1:3: 3 does not divide the plan's world size 8"):
         torchrun_command("cpu-tiny", plan, overrides=[], steps=1, device="cpu", out=Path("r"), nnodes="1:3")
+    # 2 ranks a node: one node is not a multiple of tp·pp = 4, and neither are three.
+    with pytest.raises(PlanError, match=r"--nnodes 1:4: a gang of 1, 3 node\(s\) of 2 ranks cannot run the plan"):
+        torchrun_command("cpu-tiny", plan, overrides=[], steps=1, device="cpu", out=Path("r"), nnodes="1:4")
 
 
 def _step(step: int, t: float, loss: float) -> StepRecord:

@@ -80,6 +80,8 @@ def torchrun_command(
         raise PlanError(f"--nnodes {nnodes}: {most} does not divide the plan's world size {world}; choose a divisor")
     port = str(master_port or free_port())
     elastic = least < most
+    if elastic:
+        check_gang_sizes(plan, least, most)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", f"{least}:{most}" if elastic else str(most)]
     if max_restarts or elastic:
         cmd += ["--max-restarts", str(max_restarts), "--rdzv-backend", "c10d", "--rdzv-id", out.name]
@@ -92,6 +94,25 @@ def torchrun_command(
     for fault in inject or []:
         cmd += ["--inject", fault]
     return [*cmd, "--steps", str(steps), "--device", device, "--out", str(out), *(["--elastic"] if elastic else [])]
+
+
+def check_gang_sizes(plan: Plan, least: int, most: int) -> None:
+    """Every gang the rendezvous may form (MIN to MAX nodes of world_size / MAX ranks) must carry the plan's
+    model-parallel layout and split its global batch evenly over the dp it gets; PlanError names those that cannot.
+    """
+    lay, per_node = plan.layout, plan.layout.world_size // most
+    model_ranks = lay.tp * lay.pp * lay.cp
+    bad = [
+        k
+        for k in range(least, most + 1)
+        if (k * per_node) % model_ranks or plan.training.global_batch % (k * per_node // model_ranks)
+    ]
+    if bad:
+        raise PlanError(
+            f"--nnodes {least}:{most}: a gang of {', '.join(map(str, bad))} node(s) of {per_node} ranks cannot run "
+            f"the plan: its ranks must be a multiple of tp·pp·cp = {model_ranks} and dp = ranks / {model_ranks} must "
+            f"divide training.global_batch={plan.training.global_batch}; narrow the range"
+        )
 
 
 def parse_nnodes(text: int | str) -> tuple[int, int]:
