@@ -35,6 +35,7 @@ from torch.distributed.tensor import DTensor
 
 from executor.engine import Trainer
 from executor.health import Health
+from executor.parallel import LayoutError
 from plan.schema import FaultSpec, Plan
 
 EXIT_INJECTED = 17
@@ -209,3 +210,23 @@ def replicas_disagree(params: list[nn.Parameter], replicas: dist.ProcessGroup | 
         flag[0] = int(len({int(t.item()) for t in every}) > 1)
     dist.all_reduce(flag, op=dist.ReduceOp.MAX)  # every stage and tp rank rolls back together
     return bool(flag.item())
+
+
+def with_injected(plan: Plan, inject: list[str]) -> Plan:
+    """The plan with `--inject` faults added to its reliability section (validated like the plan's own)."""
+    if not inject:
+        return plan
+    faults = (*plan.reliability.faults, *(FaultSpec.parse(text) for text in inject))
+    data = plan.model_dump()
+    data["reliability"]["faults"] = [f.model_dump() for f in faults]
+    return Plan.model_validate(data)
+
+
+def check_faults(plan: Plan) -> None:
+    """Reject fault injections this layout cannot detect, before any process group exists."""
+    lay = plan.layout
+    if any(f.kind == "bitflip" for f in plan.reliability.faults) and (lay.dp * lay.cp == 1 or lay.zero > 0):
+        raise LayoutError(
+            f"reliability.faults: bitflip is found by cross-replica weight checksums, which need whole replicas: "
+            f"dp·cp > 1 (has {lay.dp * lay.cp}) and zero 0 (has {lay.zero}); change the layout or drop the bitflip"
+        )

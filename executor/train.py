@@ -11,6 +11,9 @@ the latest good one on start, so a restart by `torchrun --max-restarts` continue
 heartbeat per rank whose watchdog names a dead or hung rank (`executor.health`, exit 4); injected faults
 (`--inject KIND@STEP[:RANK]`, `executor.faults`, an injected crash exits 17); a cross-replica weight checksum
 that rolls back to the last checkpoint when replicas disagree.
+
+Elastic (`--elastic`, which `twin execute --nnodes MIN:MAX` passes): the gang takes the world size the rendezvous
+gives it, dp re-derived and the global batch kept (`executor.elastic`), and resumes resharded.
 """
 
 from __future__ import annotations
@@ -29,8 +32,9 @@ import torch.distributed as dist
 from executor.checkpoint import Checkpointer
 from executor.ckpt_store import CheckpointError
 from executor.data import DataError, Sampler, open_corpus, save_cursor
+from executor.elastic import RestartTimer, fit_world, gang_facts
 from executor.engine import StepResult, Trainer
-from executor.faults import FaultInjector, replicas_disagree
+from executor.faults import FaultInjector, check_faults, replicas_disagree, with_injected
 from executor.health import Health
 from executor.parallel import LayoutError, Topology, check_supported
 from executor.progress import Progress
@@ -50,7 +54,7 @@ from executor.telemetry import (
 from plan import loader
 from plan.loader import PlanError
 from plan.records import EventRecord, LayerStatsRecord, RankCoords, StepRecord
-from plan.schema import FaultSpec, Plan
+from plan.schema import Plan
 
 EXIT_BAD_INPUT, EXIT_NON_FINITE = 2, 3
 
@@ -71,6 +75,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--checkpoint-dir", type=Path, default=None, help="default: <out>/checkpoints")
     p.add_argument("--resume-from", type=Path, default=None, help="a checkpoint directory (default: the latest good)")
     p.add_argument("--inject", action="append", default=[], help="KIND@STEP[:RANK], a fault to inject (repeatable)")
+    p.add_argument("--elastic", action="store_true", help="run on the world size started: dp = world / (tp·pp·cp)")
     args = p.parse_args(argv)
     if args.steps < 1:
         p.error("--steps must be at least 1")
@@ -188,6 +193,8 @@ def run_training(plan: Plan, args: argparse.Namespace, device: torch.device) -> 
     out = args.out or default_run_dir(plan)
     hosts: list[str | None] = [None] * dist.get_world_size()
     dist.all_gather_object(hosts, hostname())
+    token = [f"{hostname()}-{os.getpid()}-{time.time_ns()}"]  # rank 0's: names this gang
+    dist.broadcast_object_list(token, src=0)
     if topo.rank == 0:
         manifest = build_manifest(
             out.name,
@@ -199,10 +206,12 @@ def run_training(plan: Plan, args: argparse.Namespace, device: torch.device) -> 
             command_line(),
         )
         write_manifest(manifest, out)
-    dist.barrier()
     trainer = Trainer(plan, topo, sampler, device, compile=args.compile)
     reporter = RankReporter(plan, topo, out, device, args)
-    health = Health(out, topo.rank, plan.reliability.heartbeat_timeout_s, reporter.event)
+    health = Health(out, topo.rank, plan.reliability.heartbeat_timeout_s, reporter.event, gang_facts(plan), token[0])
+    if topo.rank == 0:
+        health.claim()
+    dist.barrier()  # the manifest and the claim are written before any rank reads them
     faults = FaultInjector(plan, topo.rank, out, reporter.event, health)
     root = args.checkpoint_dir or out / "checkpoints"
     ckpt = Checkpointer(plan, trainer, sampler, root, reporter.event, faults.writer_fault, faults.crash, faults)
@@ -253,19 +262,26 @@ class TrainLoop:
         bitflips = any(f.kind == "bitflip" for f in rel.faults)
         self.sdc_every = rel.sdc_check_every_steps or (1 if bitflips else 0)
         self.replicas = topo.replica_mesh.get_group() if topo.replica_mesh is not None else None
+        self.gang = gang_facts(plan)
+        run_dir = reporter.writer.path.parent
+        self.restart = RestartTimer(run_dir, self.gang, reporter.event) if topo.rank == 0 else None
 
     def resume(self) -> int:
         info = self.ckpt.resume(self.args.resume_from)
         start = info.step if info else 0
         self.faults.resumed_from = start
+        if self.topo.rank == 0:
+            self.reporter.event("start", start, {"attempt": self.faults.attempt, **self.gang})
         if info is not None and self.topo.rank == 0:
             detail = {"path": str(info.path), "layout": info.manifest["layout"], "attempt": self.faults.attempt}
+            detail["world_size"] = info.manifest.get("world_size")
             self.reporter.event("resume", start, detail)
         return start
 
     def run(self) -> list[StepResult]:
         step, results = self.resume(), []
         while step < self.args.steps:
+            started_unix = time.time()
             self.health.beat(step)
             self.faults.before_step(step, self.trainer)
             stats = self.args.stats_every > 0 and step % self.args.stats_every == 0
@@ -287,6 +303,8 @@ class TrainLoop:
                 if flagged:
                     self.faults.detected("slow", step, {"stragglers": list(flagged)}, ranks=flagged)
                 self.faults.settle(step)
+                if self.restart is not None:
+                    self.restart.stepped(step, started_unix, self.faults.attempt, self.faults.resumed_from)
             step += 1
         self.ckpt.wait()
         self.health.finish()
@@ -311,32 +329,14 @@ class TrainLoop:
         return info.step
 
 
-def with_injected(plan: Plan, inject: list[str]) -> Plan:
-    """The plan with `--inject` faults added to its reliability section (validated like the plan's own)."""
-    if not inject:
-        return plan
-    faults = (*plan.reliability.faults, *(FaultSpec.parse(text) for text in inject))
-    data = plan.model_dump()
-    data["reliability"]["faults"] = [f.model_dump() for f in faults]
-    return Plan.model_validate(data)
-
-
-def check_faults(plan: Plan) -> None:
-    """Reject fault injections this layout cannot detect, before any process group exists."""
-    lay = plan.layout
-    if any(f.kind == "bitflip" for f in plan.reliability.faults) and (lay.dp * lay.cp == 1 or lay.zero > 0):
-        raise LayoutError(
-            f"reliability.faults: bitflip is found by cross-replica weight checksums, which need whole replicas: "
-            f"dp·cp > 1 (has {lay.dp * lay.cp}) and zero 0 (has {lay.zero}); change the layout or drop the bitflip"
-        )
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     world = int(os.environ.get("WORLD_SIZE", "1"))
     try:
         plan = with_injected(loader.load(args.plan, args.overrides), args.inject)
+        if args.elastic:
+            plan = fit_world(plan, world)
         check_supported(plan)
         check_faults(plan)
         if plan.layout.world_size != world:

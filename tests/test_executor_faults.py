@@ -19,7 +19,7 @@ from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 from executor.ckpt_store import committed, verify
 from plan import loader
 from plan.records import EventRecord, StepRecord, iter_records
-from twin.launch import child_env, torchrun_command
+from twin.launch import child_env, summarise, torchrun_command
 
 ROOT = Path(__file__).resolve().parent.parent
 DP2 = ["layout.tp=1", "layout.pp=1", "layout.dp=2"]
@@ -118,6 +118,8 @@ def test_every_fault_kind_is_detected_and_the_run_completes(tmp_path: Path) -> N
     assert "rank 1: No space left on device" in full.detail["reason"] and full.step == 2
     assert all(verify(p) is None for p in committed(run / "checkpoints"))
     assert not list((run / "checkpoints").glob(".tmp-*"))
+    summary = summarise(run)  # what `twin execute` prints: 12 steps, not 14 step records
+    assert (summary["steps"], summary["restarts"], summary["steps_replayed"]) == (12, 3, 2)  # steps 6 and 8 again
 
 
 @pytest.mark.slow

@@ -3,6 +3,13 @@
 The twin never imports the executor (DESIGN.md: the plan and the run records are their only contract); it builds
 the torchrun command for the plan's world size, runs it, and reads back the records it wrote. A single-node run
 keeps its rendezvous and gloo/NCCL sockets on loopback; multi-node flags pass through to torchrun.
+
+`--nnodes MIN:MAX` is elastic membership: each node (one `twin execute` each, the same --out, --master-addr and
+--master-port) runs world_size / MAX ranks, torchrun's c10d rendezvous admits between MIN and MAX nodes, and the
+executor (`--elastic`) re-derives dp from the world it is given. A node lost mid-run stops the gang; the nodes
+left rendezvous again once the lost one's keep-alive expires and the last call has passed (`--rdzv-conf`
+last_call_timeout, keep_alive_interval, keep_alive_max_attempt; torch's defaults 30 s, 5 s and 3) and resume
+from the last checkpoint with a smaller dp.
 """
 
 from __future__ import annotations
@@ -22,11 +29,12 @@ from rich.console import Console
 
 from plan import loader
 from plan.loader import PlanError
-from plan.records import RecordError, StepRecord, iter_records
+from plan.records import EventRecord, RecordError, StepRecord, iter_records
 from plan.schema import FAULT_KINDS, FaultSpec, Plan
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 console = Console()
+ELASTIC_RESTARTS = 3  # default restarts of an elastic run: a few lost nodes before giving up
 
 # The same options as twin.cli's (which registers this command and wraps it in its `user_errors`); repeated here
 # so this module does not import the CLI that imports it.
@@ -52,40 +60,68 @@ def torchrun_command(
     steps: int,
     device: str,
     out: Path,
-    nnodes: int = 1,
+    nnodes: int | str = 1,
     node_rank: int = 0,
     master_addr: str = "127.0.0.1",
     master_port: int | None = None,
     inject: list[str] | None = None,
     max_restarts: int = 0,
+    rdzv_conf: str | None = None,
 ) -> list[str]:
-    """The torchrun command line that runs `plan` on `nnodes` nodes of world_size / nnodes ranks each.
+    """The torchrun command line that runs `plan` on `nnodes` (N or MIN:MAX) nodes of world_size / MAX ranks each.
 
-    With restarts, rendezvous goes through torchrun's c10d backend: the static one hands a restarted gang the
-    stale gloo addresses of the previous one ('connectFullMesh failed'); see also `child_env`.
+    With restarts or a range of nodes, rendezvous goes through torchrun's c10d backend: the static one hands a
+    restarted gang the stale gloo addresses of the previous one ('connectFullMesh failed'), and admits no range;
+    see also `child_env`. The rendezvous id is the run directory's name: nodes given the same --out meet.
     """
     world = plan.layout.world_size
-    if world % nnodes:
-        raise PlanError(f"--nnodes {nnodes}: does not divide the plan's world size {world}; choose a divisor")
+    least, most = parse_nnodes(nnodes)
+    if world % most:
+        raise PlanError(f"--nnodes {nnodes}: {most} does not divide the plan's world size {world}; choose a divisor")
     port = str(master_port or free_port())
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(nnodes)]
-    if max_restarts:
-        cmd += [
-            "--max-restarts",
-            str(max_restarts),
-            "--rdzv-backend",
-            "c10d",
-            "--rdzv-endpoint",
-            f"{master_addr}:{port}",
-        ]
+    elastic = least < most
+    if elastic:
+        check_gang_sizes(plan, least, most)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", f"{least}:{most}" if elastic else str(most)]
+    if max_restarts or elastic:
+        cmd += ["--max-restarts", str(max_restarts), "--rdzv-backend", "c10d", "--rdzv-id", out.name]
+        cmd += ["--rdzv-endpoint", f"{master_addr}:{port}", *(["--rdzv-conf", rdzv_conf] if rdzv_conf else [])]
     else:
         cmd += ["--node-rank", str(node_rank), "--master-addr", master_addr, "--master-port", port]
-    cmd += ["--nproc-per-node", str(world // nnodes), "-m", "executor.train", "--plan", plan_source]
+    cmd += ["--nproc-per-node", str(world // most), "-m", "executor.train", "--plan", plan_source]
     for item in overrides:
         cmd += ["--set", item]
     for fault in inject or []:
         cmd += ["--inject", fault]
-    return [*cmd, "--steps", str(steps), "--device", device, "--out", str(out)]
+    return [*cmd, "--steps", str(steps), "--device", device, "--out", str(out), *(["--elastic"] if elastic else [])]
+
+
+def check_gang_sizes(plan: Plan, least: int, most: int) -> None:
+    """Every gang the rendezvous may form (MIN to MAX nodes of world_size / MAX ranks) must carry the plan's
+    model-parallel layout and split its global batch evenly over the dp it gets; PlanError names those that cannot.
+    """
+    lay, per_node = plan.layout, plan.layout.world_size // most
+    model_ranks = lay.tp * lay.pp * lay.cp
+    bad = [
+        k
+        for k in range(least, most + 1)
+        if (k * per_node) % model_ranks or plan.training.global_batch % (k * per_node // model_ranks)
+    ]
+    if bad:
+        raise PlanError(
+            f"--nnodes {least}:{most}: a gang of {', '.join(map(str, bad))} node(s) of {per_node} ranks cannot run "
+            f"the plan: its ranks must be a multiple of tp·pp·cp = {model_ranks} and dp = ranks / {model_ranks} must "
+            f"divide training.global_batch={plan.training.global_batch}; narrow the range"
+        )
+
+
+def parse_nnodes(text: int | str) -> tuple[int, int]:
+    """`N` or `MIN:MAX` (torchrun's syntax) as (MIN, MAX); PlanError in one line when malformed."""
+    least, colon, most = str(text).partition(":")
+    most = most if colon else least
+    if not (least.isdigit() and most.isdigit()) or not 1 <= int(least) <= int(most):
+        raise PlanError(f"--nnodes {text}: write N or MIN:MAX with 1 <= MIN <= MAX, e.g. 1:2")
+    return int(least), int(most)
 
 
 def plan_faults(plan: Plan, inject: list[str]) -> tuple[FaultSpec, ...]:
@@ -103,30 +139,61 @@ def plan_faults(plan: Plan, inject: list[str]) -> tuple[FaultSpec, ...]:
     return (*plan.reliability.faults, *added)
 
 
-def child_env(nnodes: int) -> dict[str, str]:
-    """The environment for torchrun: this checkout first on the path; one node talks over loopback only."""
+def child_env(nnodes: int, master_addr: str = "127.0.0.1") -> dict[str, str]:
+    """The environment for torchrun: this checkout first on the path; one node, or several simulated on this
+    machine around a loopback rendezvous, talk over loopback only."""
     env = dict(os.environ)
     env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"  # a restarted gang must not reuse the old store's addresses
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
-    if nnodes == 1:
+    if nnodes == 1 or master_addr in ("127.0.0.1", "localhost"):
         for var in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
             env.setdefault(var, "lo")
     return env
 
 
-def summarise(run_dir: Path) -> dict[str, Any]:
-    """Rank 0's figures of a finished run: steps, last loss, median tokens/s and MFU after the first step."""
-    records = [r for r in iter_records(run_dir / "records.jsonl") if isinstance(r, StepRecord) and r.rank == 0]
-    if not records:
-        return {"steps": 0}
-    steady = records[1:] or records  # the first step pays for warm-up (allocations, first collectives)
+def summarise(run_dir: Path, since_unix: float = 0.0) -> dict[str, Any]:
+    """Rank 0's figures of what ran since `since_unix`: distinct steps, restarts, the steps replayed after them,
+    the gangs' world sizes, the last loss, and median tokens/s and MFU after the first step.
+
+    A restart replays the steps after its checkpoint, so step records repeat; each gang's rank 0 writes one
+    `start` event, so the gangs after the first are the restarts.
+    """
+    steps: list[StepRecord] = []
+    worlds: list[int] = []
+    for r in iter_records(run_dir / "records.jsonl"):
+        if isinstance(r, StepRecord) and r.rank == 0 and r.time_unix >= since_unix:
+            steps.append(r)
+        elif isinstance(r, EventRecord) and r.event == "start" and r.time_unix >= since_unix:
+            worlds.append(int(r.detail["world_size"]))
+    if not steps:
+        return {"steps": 0, "restarts": max(0, len(worlds) - 1)}
+    last = {r.step: r for r in steps}  # a replayed step's last record is the one that counts
+    steady = steps[1:] or steps  # the first step pays for warm-up (allocations, first collectives)
     return {
-        "steps": len(records),
-        "loss": records[-1].loss,
+        "steps": len(last),
+        "first_step": min(last),
+        "restarts": max(0, len(worlds) - 1),
+        "steps_replayed": len(steps) - len(last),
+        "world_sizes": worlds,
+        "loss": last[max(last)].loss,
         "tokens_per_s": statistics.median(r.tokens_per_s or 0.0 for r in steady),
         "mfu": statistics.median(r.mfu or 0.0 for r in steady),
         "step_s": statistics.median(r.step_s for r in steady),
     }
+
+
+def summary_line(summary: dict[str, Any], plan: Plan, run_dir: Path) -> str:
+    """The one line `twin execute` prints for a finished run."""
+    worlds = " → ".join(str(w) for w in dict.fromkeys(summary["world_sizes"])) or str(plan.layout.world_size)
+    first = f" (from step {summary['first_step']})" if summary["first_step"] else ""
+    restarts = summary["restarts"]
+    again = (
+        f"; {restarts} restart{'s' * (restarts != 1)}, {summary['steps_replayed']} step(s) replayed" if restarts else ""
+    )
+    return (
+        f"[green]done[/]: {summary['steps']} steps{first} of {plan.name} on {worlds} ranks → {run_dir}{again}; "
+        f"loss {summary['loss']:.4f}, {summary['tokens_per_s']:,.0f} tokens/s, MFU {100 * summary['mfu']:.2f}%"
+    )
 
 
 def execute(
@@ -135,7 +202,9 @@ def execute(
     steps: Annotated[int, typer.Option(min=1, help="Optimizer steps to run.")] = 10,
     device: Annotated[str, typer.Option(help="cpu (gloo) or cuda (NCCL).")] = "cpu",
     out: Annotated[Path | None, typer.Option(help="Run directory (default runs/<plan>-<time>).")] = None,
-    nnodes: Annotated[int, typer.Option(min=1, help="Nodes (passed to torchrun).")] = 1,
+    nnodes: Annotated[
+        str, typer.Option(help="Nodes, N or MIN:MAX (elastic: world_size / MAX ranks per node; passed to torchrun).")
+    ] = "1",
     node_rank: Annotated[int, typer.Option(min=0, help="This node's rank (passed to torchrun).")] = 0,
     master_addr: Annotated[str, typer.Option(help="Rendezvous host (passed to torchrun).")] = "127.0.0.1",
     master_port: Annotated[int | None, typer.Option(help="Rendezvous port (default: a free one).")] = None,
@@ -145,7 +214,13 @@ def execute(
     ] = None,
     max_restarts: Annotated[
         int | None,
-        typer.Option(min=0, help="Gang restarts torchrun allows (default: one per crash, hang, ckpt-crash)."),
+        typer.Option(
+            min=0, help="Gang restarts torchrun allows (default: one per crash, hang, ckpt-crash; elastic: at least 3)."
+        ),
+    ] = None,
+    rdzv_conf: Annotated[
+        str | None,
+        typer.Option(help="torchrun's --rdzv-conf, e.g. last_call_timeout=2,keep_alive_interval=1 (elastic)."),
     ] = None,
     as_json: JsonOpt = False,
 ) -> None:
@@ -154,17 +229,21 @@ def execute(
         raise PlanError(f"--device {device!r}: use cpu or cuda")
     p = loader.load(plan, overrides or [])
     faults = plan_faults(p, inject or [])
+    least, most = parse_nnodes(nnodes)
     if max_restarts is None:
         max_restarts = sum(f.kind in ("crash", "hang", "ckpt-crash") for f in faults)
+        if least < most:  # losing a node is a failure to torchrun: the nodes left need a restart to go on
+            max_restarts = max(max_restarts, ELASTIC_RESTARTS)
     run_dir = out or Path("runs") / f"{p.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     cmd = torchrun_command(
         plan, p, overrides=overrides or [], steps=steps, device=device, out=run_dir, nnodes=nnodes,
         node_rank=node_rank, master_addr=master_addr, master_port=master_port, inject=inject,
-        max_restarts=max_restarts,
+        max_restarts=max_restarts, rdzv_conf=rdzv_conf,
     )  # fmt: skip
-    result = subprocess.run(cmd, env=child_env(nnodes), capture_output=as_json, text=True, check=False)
+    launched = time.time()
+    result = subprocess.run(cmd, env=child_env(most, master_addr), capture_output=as_json, text=True, check=False)
     try:
-        summary = summarise(run_dir) if (run_dir / "records.jsonl").exists() else {"steps": 0}
+        summary = summarise(run_dir, launched) if (run_dir / "records.jsonl").exists() else {"steps": 0}
     except RecordError as exc:
         summary = {"steps": 0, "records_error": str(exc)}
     if as_json:
@@ -172,11 +251,6 @@ def execute(
         print(json.dumps({"ok": result.returncode == 0, "returncode": result.returncode, "run_dir": str(run_dir),
                    "world_size": p.layout.world_size, **summary, **({"error": tail[0]} if tail else {})}))  # fmt: skip
     elif result.returncode == 0 and summary["steps"]:
-        console.print(
-            f"[green]done[/]: {summary['steps']} steps of {p.name} on {p.layout.world_size} ranks → {run_dir}; "
-            f"loss {summary['loss']:.4f}, {summary['tokens_per_s']:,.0f} tokens/s, MFU {100 * summary['mfu']:.2f}%",
-            highlight=False,
-            soft_wrap=True,
-        )
+        console.print(summary_line(summary, p, run_dir), highlight=False, soft_wrap=True)
     if result.returncode:
         raise typer.Exit(result.returncode)
