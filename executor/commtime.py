@@ -254,7 +254,9 @@ class CommTimer:
         return wait
 
 
-def ping_link(group: dist.ProcessGroup, nbytes: int, reps: int = 5) -> LinkModel:
+def ping_link(
+    group: dist.ProcessGroup, nbytes: int, device: torch.device, sync: Callable[[], None], reps: int = 5
+) -> LinkModel:
     """Fit this rank's one-way p2p time on `group` from ping-pongs with its chain neighbours (ranks r and r+1).
 
     Pairs (0,1), (2,3), ... then (1,2), (3,4), ... exchange `reps` round trips (after one to warm up) of 256 bytes
@@ -270,7 +272,7 @@ def ping_link(group: dist.ProcessGroup, nbytes: int, reps: int = 5) -> LinkModel
         if not parity <= peer < size:
             continue
         for n in sizes:
-            buf = torch.zeros(n // 4, dtype=torch.float32)
+            buf = torch.zeros(n // 4, dtype=torch.float32, device=device)
             trips = []
             for _ in range(reps + 1):
                 start = time.perf_counter()
@@ -279,6 +281,7 @@ def ping_link(group: dist.ProcessGroup, nbytes: int, reps: int = 5) -> LinkModel
                         dist.send(buf, group=group, group_dst=peer)
                     else:
                         dist.recv(buf, group=group, group_src=peer)
+                sync()  # NCCL returns before the transfer is done
                 trips.append(time.perf_counter() - start)
             one_way[n].append(statistics.median(trips[1:]) / 2)
     if not one_way[sizes[0]]:

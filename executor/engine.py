@@ -123,7 +123,7 @@ class Trainer:
         ]
         for stage in stages:
             instrument(stage, self.clock, self._sync, self.topo.comm)
-        self.topo.comm.link = ping_link(pp_group, self._boundary_bytes())
+        self.topo.comm.link = ping_link(pp_group, self._boundary_bytes(), self.device, self._sync)
         return build_schedule(self.plan, stages, cross_entropy)
 
     def _boundary_bytes(self) -> int:
