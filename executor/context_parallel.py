@@ -10,13 +10,13 @@ sequence and attends its local queries to them with a mask built from true posit
 
 from __future__ import annotations
 
-import time
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+
+from executor.commtime import CommTimer
 
 
 def local_positions(seq_local: int, cp_rank: int, cp: int, device: torch.device | None = None) -> torch.Tensor:
@@ -35,52 +35,34 @@ def shard_sequence(x: torch.Tensor, cp_rank: int, cp: int) -> torch.Tensor:
     return x[:, local_positions(x.shape[1] // cp, cp_rank, cp, x.device)]
 
 
-@dataclass
-class CommClock:
-    """Seconds spent in one axis's blocking collectives since the last reset, split by the compute phase
-    (`forward` or `backward`) that was running, so the step can move them out of that phase into comm_<axis>."""
-
-    phase: str = "forward"
-    seconds: dict[str, float] = field(default_factory=dict)
-
-    def add(self, spent: float) -> None:
-        self.seconds[self.phase] = self.seconds.get(self.phase, 0.0) + spent
-
-    def reset(self) -> dict[str, float]:
-        spent, self.seconds = self.seconds, {}
-        return spent
-
-
 class _GatherSequence(torch.autograd.Function):
     """All-gather along dim 3 of a stacked [2, batch, heads, seq, dim] K/V; backward sums and keeps our slice."""
 
     @staticmethod
-    def forward(ctx: Any, kv: torch.Tensor, group: dist.ProcessGroup, clock: CommClock) -> torch.Tensor:
-        ctx.group, ctx.clock = group, clock
+    def forward(ctx: Any, kv: torch.Tensor, group: dist.ProcessGroup, comm: CommTimer) -> torch.Tensor:
+        ctx.group, ctx.comm = group, comm
         size = dist.get_world_size(group)
         ctx.rank, ctx.size = dist.get_rank(group), size
         kv = kv.contiguous()
         parts = [torch.empty_like(kv) for _ in range(size)]
-        start = time.perf_counter()
-        dist.all_gather(parts, kv, group=group)
-        clock.add(time.perf_counter() - start)
+        with comm.span("cp"):
+            dist.all_gather(parts, kv, group=group)
         return torch.cat(parts, dim=3)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
         # Every rank's queries used our keys: the gradient of our slice is the sum over ranks of theirs.
         grad = grad.contiguous()
-        start = time.perf_counter()
-        dist.all_reduce(grad, group=ctx.group)
-        ctx.clock.add(time.perf_counter() - start)
+        with ctx.comm.span("cp"):
+            dist.all_reduce(grad, group=ctx.group)
         return grad.chunk(ctx.size, dim=3)[ctx.rank], None, None
 
 
 class AllGatherAttention:
     """Causal attention for one cp rank's load-balanced queries against the whole sequence's keys and values."""
 
-    def __init__(self, group: dist.ProcessGroup, clock: CommClock) -> None:
-        self.group, self.clock = group, clock
+    def __init__(self, group: dist.ProcessGroup, comm: CommTimer) -> None:
+        self.group, self.comm = group, comm
         self.cp, self.cp_rank = dist.get_world_size(group), dist.get_rank(group)
 
     def positions(self, seq_local: int, device: torch.device) -> torch.Tensor:
@@ -88,7 +70,7 @@ class AllGatherAttention:
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         seq_local = q.shape[2]
-        kv = _GatherSequence.apply(torch.stack((k, v)), self.group, self.clock)
+        kv = _GatherSequence.apply(torch.stack((k, v)), self.group, self.comm)
         q_pos = self.positions(seq_local, q.device)
         k_pos = torch.cat([local_positions(seq_local, r, self.cp, q.device) for r in range(self.cp)])
         mask = q_pos[:, None] >= k_pos[None, :]

@@ -3,7 +3,8 @@
 A step reads this dp rank's share of the global batch, runs forward and backward over its microbatches (through
 the pipeline schedule when pp > 1, else a plain accumulation loop), averages gradients over the replicas, takes
 the global gradient norm and the job's mean loss in one all-reduce, stops on a non-finite value, clips, and steps
-the optimizer. It measures each phase as it goes.
+the optimizer. It measures each phase as it goes, and moves the collectives the step's `CommTimer` saw inside
+forward, backward and the pipeline schedule out of those phases into comm_<axis> (see executor.commtime).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from torch.distributed.fsdp import FSDPModule
 from torch.distributed.pipelining import PipelineStage
 from torch.distributed.pipelining.schedules import _PipelineSchedule
 
+from executor.commtime import AXES, ping_link
 from executor.context_parallel import shard_sequence
 from executor.data import Sampler
 from executor.layer_stats import activation_probe, gradient_norms
@@ -120,8 +122,15 @@ class Trainer:
             for part, s in zip(self.parts, self.stage_ids, strict=True)
         ]
         for stage in stages:
-            instrument(stage, self.clock, self._sync, [self.topo.clocks["cp"]])
+            instrument(stage, self.clock, self._sync, self.topo.comm)
+        self.topo.comm.link = ping_link(pp_group, self._boundary_bytes(), self.device, self._sync)
         return build_schedule(self.plan, stages, cross_entropy)
+
+    def _boundary_bytes(self) -> int:
+        """Bytes of one microbatch's activations at a stage boundary, in fp32 (an upper bound under bf16)."""
+        lay, m = self.plan.layout, self.plan.model
+        tokens = lay.microbatch_size * m.seq_len // lay.cp // (lay.tp if lay.sequence_parallel else 1)
+        return tokens * m.hidden * 4
 
     def _sync(self) -> None:
         if self.device.type == "cuda":
@@ -150,17 +159,17 @@ class Trainer:
 
     def _run_microbatches(self, inputs: torch.Tensor, targets: torch.Tensor) -> list[float]:
         model, n = self.parts[0], self.plan.num_microbatches
-        cp_clock, losses = self.topo.clocks["cp"], []
+        comm, losses = self.topo.comm, []
         for x, y, m in zip(inputs.chunk(n), targets.chunk(n), range(n), strict=True):
             if isinstance(model, FSDPModule):  # reduce-scatter once, after the last microbatch
                 model.set_requires_gradient_sync(m == n - 1)
-            cp_clock.phase = "forward"
+            comm.phase = "forward"
             start = time.perf_counter()
             with self._autocast():
                 loss = cross_entropy(model(x), y)
             self._sync()
             mid = time.perf_counter()
-            cp_clock.phase = "backward"
+            comm.phase = "backward"
             (loss / n).backward()
             self._sync()
             self.clock.forward += mid - start
@@ -189,17 +198,24 @@ class Trainer:
 
     def step(self, step: int, stats: bool = False) -> StepResult:
         """Run one optimizer step; phases in seconds. With `stats`, also take per-layer norms."""
+        with self.topo.comm.measuring():
+            return self._step(step, stats)
+
+    def _step(self, step: int, stats: bool) -> StepResult:
+        comm = self.topo.comm
         self._sync()
         start = time.perf_counter()
         inputs, targets = self._batch(step)
         data_wait = time.perf_counter() - start
         run = self._run_pipeline if self.schedule is not None else self._run_microbatches
+        comm.phase = "schedule"
         with activation_probe(self.parts, enabled=stats) as activations:
             losses = run(inputs, targets)
         compute_end = time.perf_counter()
-        reduce_partial_gradients(self.params, self.topo.clocks["tp"])
+        comm.phase = "post"
+        reduce_partial_gradients(self.params)
         if self.plan.layout.zero == 0 and self.topo.replica_mesh is not None:
-            all_reduce_gradients(self.params, self.topo.replica_mesh.get_group(), self.topo.clocks["dp"])
+            all_reduce_gradients(self.params, self.topo.replica_mesh.get_group(), comm)
         grads = gradient_norms(self.parts) if stats else {}
         grad_norm, job_loss = self._reduce_metrics(step, losses)
         lr = learning_rate(self.plan, step)
@@ -215,22 +231,20 @@ class Trainer:
         return StepResult(step, local, job_loss, grad_norm, lr, phases, end - start, dict(activations), grads)
 
     def _phases(self, data_wait: float, compute_wall: float, step_s: float) -> dict[str, float]:
-        """Split the step's time: compute phases less the collectives measured inside them, then what is left."""
+        """Split the step's time: each stretch (compute chunks, the schedule between them, after them) less the
+        collectives measured inside it, the collectives by axis, then what is left."""
         forward, backward = self.clock.reset()
-        cp = self.topo.clocks["cp"].reset()
-        dp = sum(self.topo.clocks["dp"].reset().values())
-        tp = sum(self.topo.clocks["tp"].reset().values())
+        comm = self.topo.comm.reset()
         phases = {
             "data_wait": data_wait,
-            "forward": max(0.0, forward - cp.get("forward", 0.0)),
-            "backward": max(0.0, backward - cp.get("backward", 0.0)),
-            "comm_cp": sum(cp.values()),
-            "comm_dp": dp,
-            "comm_tp": tp,  # the partial-gradient reductions only: TP's in-layer collectives stay in fwd/bwd
-            # Under a pipeline schedule, its wall time beyond this rank's own compute is waiting: bubble plus the
-            # point-to-point transfers, which on one host are a small part of it.
-            "bubble": max(0.0, compute_wall - forward - backward) if self.schedule is not None else 0.0,
+            "forward": max(0.0, forward - comm.during("forward")),
+            "backward": max(0.0, backward - comm.during("backward")),
+            **{f"comm_{axis}": comm.axis(axis) for axis in AXES},
+            # A schedule's wall time beyond this rank's chunks and the transfers it counted is waiting for peers.
+            "bubble": max(0.0, compute_wall - forward - backward - comm.during("schedule"))
+            if self.schedule is not None
+            else 0.0,
         }
-        phases["optimizer"] = max(0.0, step_s - data_wait - compute_wall - dp - tp)
+        phases["optimizer"] = max(0.0, step_s - data_wait - compute_wall - comm.during("post"))
         phases["other"] = max(0.0, step_s - sum(phases.values()))
         return phases

@@ -3,8 +3,8 @@ DTensor, data parallel (gradient all-reduce or FSDP2), context parallel attentio
 
 Data parallel by ZeRO stage:
 - 0: every rank keeps whole replicas; after the last microbatch one flat all-reduce averages the gradients
-  over the dp·cp group (DDP's arithmetic; DDP itself rejects DTensor parameters, and a separate all-reduce lets
-  the step record its exposed time as comm_dp).
+  over the dp·cp group (DDP's arithmetic; DDP itself rejects DTensor parameters, and a separate all-reduce shows
+  its exposed time as comm_dp).
 - 1 and 2: FSDP2 `fully_shard` with `reshard_after_forward=False`: parameters stay gathered between forward and
   backward, gradients are reduce-scattered and the optimizer state is sharded — ZeRO-2, which also delivers
   ZeRO-1's saving (FSDP2 has no mode that all-reduces gradients but shards only the optimizer state).
@@ -16,8 +16,7 @@ Data parallel by ZeRO stage:
 from __future__ import annotations
 
 import math
-import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import cached_property
 
 import numpy as np
@@ -34,7 +33,8 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
-from executor.context_parallel import AllGatherAttention, CommClock
+from executor.commtime import CommTimer
+from executor.context_parallel import AllGatherAttention
 from executor.model import GPT
 from plan.rank_grid import Coords, RankGrid
 from plan.schema import Plan
@@ -77,9 +77,6 @@ class Topology:
     rank: int
     mesh: DeviceMesh
     grid: RankGrid
-    clocks: dict[str, CommClock] = field(
-        default_factory=lambda: {"cp": CommClock(), "dp": CommClock(), "tp": CommClock()}
-    )
 
     @classmethod
     def build(cls, plan: Plan, device_type: str) -> Topology:
@@ -107,6 +104,13 @@ class Topology:
         if dp > 1 or cp > 1:
             return self.mesh["dp" if dp > 1 else "cp"]
         return None
+
+    @cached_property
+    def comm(self) -> CommTimer:
+        """The step's exposed-communication timer, knowing which of this rank's groups spans which axis."""
+        axes = {str(self.group(axis).group_name): axis for axis in MESH_DIMS if self.size(axis) > 1}
+        replica = str(self.replica_mesh.get_group().group_name) if self.replica_mesh is not None else None
+        return CommTimer(axes, replica)
 
 
 def apply_tensor_parallel(model: GPT, tp_mesh: DeviceMesh, sequence_parallel: bool) -> None:
@@ -146,7 +150,7 @@ def apply_tensor_parallel(model: GPT, tp_mesh: DeviceMesh, sequence_parallel: bo
 
 def apply_context_parallel(model: GPT, topo: Topology) -> None:
     """Swap every layer's attention for all-gather attention over the cp group, with true RoPE positions."""
-    attention = AllGatherAttention(topo.group("cp"), topo.clocks["cp"])
+    attention = AllGatherAttention(topo.group("cp"), topo.comm)
     for block in model.blocks():
         block.attention.core = attention
         block.attention.positions = attention.positions
@@ -163,7 +167,7 @@ def reshard_after_forward(plan: Plan) -> bool:
     return plan.layout.zero == 3 and plan.layout.pp == 1
 
 
-def reduce_partial_gradients(params: list[torch.nn.Parameter], clock: CommClock) -> None:
+def reduce_partial_gradients(params: list[torch.nn.Parameter]) -> None:
     """Turn gradients that DTensor left as partial sums into the placement of their parameter.
 
     With sequence parallelism the norm weights are replicated but each tp rank sees only its sequence shard, so
@@ -172,20 +176,17 @@ def reduce_partial_gradients(params: list[torch.nn.Parameter], clock: CommClock)
     for p in params:
         grad = p.grad
         if isinstance(grad, DTensor) and isinstance(p, DTensor) and any(pl.is_partial() for pl in grad.placements):
-            start = time.perf_counter()
-            p.grad = grad.redistribute(grad.device_mesh, p.placements)
-            clock.add(time.perf_counter() - start)
+            p.grad = grad.redistribute(grad.device_mesh, p.placements)  # the step's CommTimer sees this as tp
 
 
-def all_reduce_gradients(params: list[torch.nn.Parameter], group: dist.ProcessGroup, clock: CommClock) -> None:
+def all_reduce_gradients(params: list[torch.nn.Parameter], group: dist.ProcessGroup, comm: CommTimer) -> None:
     """Average gradients over a replica group with one flat all-reduce (ZeRO 0)."""
     grads = [p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad for p in params if p.grad is not None]
     if not grads:
         return
     flat = torch.cat([g.reshape(-1) for g in grads])
-    start = time.perf_counter()
-    dist.all_reduce(flat, group=group)
-    clock.add(time.perf_counter() - start)
+    with comm.span("dp"):  # dp even where the replica group is the cp group
+        dist.all_reduce(flat, group=group)
     flat /= dist.get_world_size(group)
     offset = 0
     for g in grads:

@@ -27,7 +27,7 @@ from torch.distributed.pipelining import (
 )
 from torch.distributed.pipelining.schedules import _PipelineSchedule
 
-from executor.context_parallel import CommClock
+from executor.commtime import CommTimer
 from plan.schema import Plan
 
 SINGLE_STAGE = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
@@ -57,8 +57,8 @@ def stage_layer_ids(plan: Plan, stage: int) -> range:
 
 @dataclass
 class StageClock:
-    """Seconds of forward and backward compute a rank's stages spent in one step (the rest of the schedule's
-    wall time is waiting: pipeline bubble plus point-to-point transfers)."""
+    """Wall seconds of a rank's forward and backward chunks in one step, collectives inside them included (the
+    rest of the schedule's wall time is point-to-point transfer and waiting: comm_pp and bubble)."""
 
     forward: float = 0.0
     backward: float = 0.0
@@ -70,22 +70,24 @@ class StageClock:
 
 
 def _timed(
-    method: Callable[..., Any], clock: StageClock, phase: str, sync: Callable[[], None], comm: list[CommClock]
+    method: Callable[..., Any], clock: StageClock, phase: str, sync: Callable[[], None], comm: CommTimer
 ) -> Callable[..., Any]:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        for c in comm:  # collectives inside this chunk belong to its phase
-            c.phase = phase
+        comm.phase = phase  # collectives inside this chunk come out of its compute time
         sync()
         start = time.perf_counter()
-        result = method(*args, **kwargs)
-        sync()
+        try:
+            result = method(*args, **kwargs)
+            sync()
+        finally:
+            comm.phase = "schedule"  # p2p waits and FSDP actions between chunks come out of the bubble
         setattr(clock, phase, getattr(clock, phase) + time.perf_counter() - start)
         return result
 
     return wrapper
 
 
-def instrument(stage: PipelineStage, clock: StageClock, sync: Callable[[], None], comm: list[CommClock]) -> None:
+def instrument(stage: PipelineStage, clock: StageClock, sync: Callable[[], None], comm: CommTimer) -> None:
     """Time a stage's forward, backward (input) and backward (weight) chunks on `clock`."""
     timed = {
         "forward_one_chunk": "forward",

@@ -15,7 +15,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from executor.context_parallel import AllGatherAttention, CommClock, local_positions, shard_sequence
+from executor.commtime import CommTimer
+from executor.context_parallel import AllGatherAttention, local_positions, shard_sequence
 from executor.data import Sampler, TokenCorpus, build_corpus, load_cursor, save_cursor
 from executor.engine import learning_rate
 from executor.model import GPT, build_stage_model, causal_attention
@@ -96,7 +97,7 @@ def _cp_worker(rank: int, port: int) -> None:
     (causal_attention(q, k, v) * w).sum().backward()
     pos = local_positions(8, rank, 2)
     ql, kl, vl = (t.detach()[:, :, pos].clone().requires_grad_() for t in (q, k, v))
-    out = AllGatherAttention(dist.group.WORLD, CommClock())(ql, kl, vl)
+    out = AllGatherAttention(dist.group.WORLD, CommTimer())(ql, kl, vl)
     (out * w[:, :, pos]).sum().backward()
     ref = causal_attention(q.detach(), k.detach(), v.detach())
     torch.testing.assert_close(out, ref[:, :, pos], rtol=1e-5, atol=1e-6)
