@@ -81,6 +81,9 @@ class ComputeEfficiency(Sourced):
     """Fraction of HBM bandwidth that memory-bound kernels (norms, activations, optimizer) reach."""
     attention_peak_fraction: float | None = Field(default=None, gt=0, le=1)
     """Fraction of the bf16 peak a fused causal attention kernel reaches; unset: the GEMM curve applies."""
+    layer_overhead_us: NonNegativeFloat = 0.0
+    """Fixed host cost of running one layer for one microbatch, each way: the module call, hooks and autograd
+    bookkeeping around its ops (microseconds); 0 where asynchronous launch hides it behind device work."""
     sharded_kernel_overhead_us: NonNegativeFloat = 0.0
     """Extra host cost per op on a tensor-parallel shard: DTensor's sharding propagation and dispatch
     (microseconds); 0 where asynchronous launch hides it behind device work."""

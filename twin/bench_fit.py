@@ -60,14 +60,16 @@ def fit_link(bench: BenchResult, cluster: Cluster) -> tuple[float, float, float]
     if not points:
         raise ValueError("no collective points inside one node; run `twin bench` with --ranks 2 or more")
 
+    # On a CPU host every rank of the group is busy in the collective: they share the node's cores (twin/host.py)
+    cores = cluster.node.cpu_cores if cluster.accelerator.kind == "cpu" else None
+    sharing = np.array([max(1.0, p.ranks / cores) if cores else 1.0 for p in points])
+
     def predicted(x: np.ndarray) -> np.ndarray:
-        trial = with_fields(
-            cluster, {"node.intra.latency_us": math.exp(x[0]), "node.intra.bandwidth_GBps": math.exp(x[1])}
-        )
-        fabric = Fabric(trial)
-        return np.array(
-            [collective_time(p.op, p.bytes, fabric.span(list(range(p.ranks)))).seconds for p in points]  # type: ignore[arg-type]
-        )
+        link = {"node.intra.latency_us": math.exp(x[0]), "node.intra.bandwidth_GBps": math.exp(x[1])}
+        fabric = Fabric(with_fields(cluster, link))
+        spans = [fabric.span(list(range(p.ranks))) for p in points]
+        times = [collective_time(p.op, p.bytes, span).seconds for p, span in zip(points, spans, strict=True)]  # type: ignore[arg-type]
+        return sharing * np.array(times)
 
     measured = np.array([p.seconds for p in points])
     x0 = np.log([cluster.node.intra.latency_us, cluster.node.intra.bandwidth_GBps])

@@ -16,6 +16,11 @@ from dataclasses import dataclass
 from plan.cluster import Cluster
 from plan.schema import ModelSpec
 
+DTENSOR_OPS_PER_GEMM = 3
+"""A weight GEMM of a tensor-parallel layer dispatches about three ops on DTensors (the weight's transpose, the
+matmul, and a view or redistribute of its output): each pays the sharded per-op cost (torch.distributed.tensor's
+linear runs as aten.t + aten.mm/addmm on the local shards, plus the placement bookkeeping of its output)."""
+
 ACT_BYTES = 2
 """Activations and element-wise work stay in bf16 under fp8 training (fp8 applies to GEMM inputs; Micikevicius et
 al. 2022, "FP8 Formats for Deep Learning"; DeepSeek-V3 report §3.3)."""
@@ -35,6 +40,10 @@ class Device:
     """Fixed cost of one kernel launch and dispatch (s)."""
     memory_Bps: float
     """Achieved memory bandwidth of memory-bound kernels (bytes/s)."""
+    sharded_s: float = 0.0
+    """Extra host cost of one op on a tensor-parallel DTensor (s); 0 without tensor parallelism."""
+    layer_s: float = 0.0
+    """Fixed host cost of one layer for one microbatch, each way (s)."""
 
     @classmethod
     def of(
@@ -51,20 +60,23 @@ class Device:
         memory = acc.hbm_bandwidth_GBps * 1e9 * eff.memory_bandwidth_fraction
         if cpu_share:
             memory /= max(1, ranks_per_node)
-        overhead_us = eff.kernel_overhead_us + (eff.sharded_kernel_overhead_us if sharded else 0.0)
         return cls(
             peak_flops=acc.peak_tflops[key] * 1e12 * share,
             gemm_fraction=eff.gemm_peak_fraction.get(key, eff.gemm_peak_fraction["bf16"]),
             half_flops=eff.gemm_half_gflop * 1e9,
-            kernel_s=overhead_us * 1e-6 / share,
+            kernel_s=eff.kernel_overhead_us * 1e-6 / share,
+            sharded_s=eff.sharded_kernel_overhead_us * 1e-6 / share if sharded else 0.0,
+            layer_s=eff.layer_overhead_us * 1e-6 / share,
             memory_Bps=memory,
         )
 
-    def gemm_s(self, flops: float) -> float:
-        """One GEMM: efficiency fraction · f / (f + f_half) of peak, i.e. (f + f_half) / (fraction · peak)."""
+    def gemm_s(self, flops: float, weight: bool = True) -> float:
+        """One GEMM: efficiency fraction · f / (f + f_half) of peak, i.e. (f + f_half) / (fraction · peak); a
+        `weight` GEMM of a tensor-parallel layer also pays its DTensor ops (attention's are on local tensors)."""
         if flops <= 0:
             return 0.0
-        return (flops + self.half_flops) / (self.gemm_fraction * self.peak_flops) + self.kernel_s
+        host = self.kernel_s + (DTENSOR_OPS_PER_GEMM * self.sharded_s if weight else 0.0)
+        return (flops + self.half_flops) / (self.gemm_fraction * self.peak_flops) + host
 
     def memory_s(self, nbytes: float, kernels: int) -> float:
         """Memory-bound kernels moving `nbytes` in all."""
@@ -137,12 +149,14 @@ def layer_cost(
     attn = attention_flops(m, microbatch, seq_local, shape.tp)
     elem_bytes, elem_kernels = _elementwise_bytes(m, shape, moe)
     gemm_fwd = sum(device.gemm_s(f) for f in gemms)
-    attn_fwd = device.gemm_s(attn)
+    attn_fwd = device.gemm_s(attn, weight=False)
     elem_fwd = device.memory_s(elem_bytes, elem_kernels)
-    forward = gemm_fwd + attn_fwd + elem_fwd
+    forward = gemm_fwd + attn_fwd + elem_fwd + device.layer_s
     # backward: input-gradient GEMMs, the fused attention backward (2.5x its forward) and element-wise work
     # twice; weight-gradient GEMMs as many again as forward
-    backward_input = gemm_fwd + device.gemm_s(2.5 * attn) + device.memory_s(2 * elem_bytes, 2 * elem_kernels)
+    backward_input = (
+        gemm_fwd + device.gemm_s(2.5 * attn, weight=False) + device.memory_s(2 * elem_bytes, 2 * elem_kernels)
+    )
     backward_weight = gemm_fwd
     if recompute == "full":
         recompute_s, recompute_flops = forward, sum(gemms) + attn

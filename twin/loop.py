@@ -83,7 +83,7 @@ def calibrate(
                     label=m.label, role=role, measured_s=m.step_s, measured_sd_s=m.step_sd, repeats=len(m.runs),
                     before_s=predict(m.plan, cluster).step_time_s, after_s=interval.step_s, low_s=interval.low_s,
                     high_s=interval.high_s, measured_phases=phase_groups(m.stage_phases),
-                    predicted_phases=phase_groups(after.stage_phases_s),
+                    predicted_phases=phase_groups(after.stage_phases_s, after.breakdown_s["straggler"]),
                 )
             )  # fmt: skip
     for path, value in fit.values.items():

@@ -12,7 +12,7 @@ from typing import Any
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from twin.calibrate import PHASE_GROUPS
+from twin.calibrate import PHASE_GROUPS, SKEW_GROUP
 
 
 @dataclass(frozen=True)
@@ -46,10 +46,14 @@ class Row:
         return {**asdict(self), "error_before": self.error_before, "error_after": self.error_after}
 
 
-def phase_groups(stage_phases: list[dict[str, float]] | tuple[dict[str, float], ...]) -> dict[str, float]:
-    """Phase groups averaged over pipeline ranks."""
+def phase_groups(
+    stage_phases: list[dict[str, float]] | tuple[dict[str, float], ...], skew_s: float = 0.0
+) -> dict[str, float]:
+    """Phase groups averaged over pipeline ranks; `skew_s` (the twin's straggler time) joins synchronisation."""
     n = max(1, len(stage_phases))
-    return {g: sum(sum(ph.get(p, 0.0) for p in parts) for ph in stage_phases) / n for g, parts in PHASE_GROUPS.items()}
+    out = {g: sum(sum(ph.get(p, 0.0) for p in parts) for ph in stage_phases) / n for g, parts in PHASE_GROUPS.items()}
+    out[SKEW_GROUP] += skew_s
+    return out
 
 
 def summary(rows: list[Row], role: str) -> dict[str, float]:

@@ -254,7 +254,8 @@ class _Sim:
         link = self.links.setdefault((src, dst), simpy.Resource(self.env, capacity=1))
         with link.request() as req:
             yield req
-            yield self.timeout(seconds)
+            # On a CPU host the receiver needs a core to take the message in: it waits for its share
+            yield self.work(dst, seconds)
         self.event(self.arrived, key).succeed()
 
     def launch_buckets(self, rank: int, stage: int, start: float, duration: float) -> None:

@@ -294,7 +294,7 @@ def _optimizer_s(ctx: _Context) -> dict[int, float]:
     optimizer's per-tensor ops and the job-wide gradient-norm all-reduce."""
     lay, eff = ctx.plan.layout, ctx.cluster.compute
     sharded = lay.tp > 1 or (lay.zero >= 1 and lay.dp * lay.cp > 1)  # DTensor parameters dispatch per op
-    kernel_s = ctx.device.kernel_s + (eff.sharded_kernel_overhead_us * 1e-6 if sharded and lay.tp == 1 else 0.0)
+    kernel_s = ctx.device.kernel_s + (eff.sharded_kernel_overhead_us * 1e-6 if sharded else 0.0)
     norm = ctx.time("all_reduce", NORM_REDUCTION_BYTES, ctx.span("dp", "pp", "cp", "tp"))
     out = {}
     for rank in range(lay.pp):
