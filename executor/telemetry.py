@@ -109,6 +109,12 @@ def build_manifest(
     run_id: str, plan: Plan, device: str, world: int, hosts: list[str], data: DataVersion, command: list[str]
 ) -> RunManifest:
     commit, dirty = git_state()
+    # The manifest holds the plan as it ran: the executor's layers keep Q, K, V (and gate, up) as separate
+    # projections whatever the plan asked, and on CPUs it computes in fp32 (no autocast) — the twin prices the
+    # all-reduces and GEMMs from these fields.
+    training = plan.training if device == "cuda" else plan.training.model_copy(update={"dtype": "fp32"})
+    layout = plan.layout.model_copy(update={"fused_projections": False})
+    plan = plan.model_copy(update={"layout": layout, "training": training})
     canonical = plan.model_dump_json().encode()
     return RunManifest(
         run_id=run_id,

@@ -132,6 +132,9 @@ class NodeSpec(Sourced):
     """Accelerators per node (count); for a `cpu` accelerator, the rank slots of the host."""
     cpu_cores: PositiveInt
     """Physical host CPU cores (count); ranks of a CPU cluster share these."""
+    effective_cores: PositiveFloat | None = None
+    """Cores' worth of throughput the host gives ranks that oversubscribe it, where that differs from cpu_cores
+    (SMT, a hypervisor's vCPU scheduling); fitted by `twin calibrate`, unset means cpu_cores (count)."""
     host_memory_GB: PositiveFloat
     """Host DRAM (1e9 bytes)."""
     intra: Link

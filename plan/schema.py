@@ -32,7 +32,7 @@ SCHEMA_VERSION: Final = 1
 
 Schedule = Literal["gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zbv", "dualpipe-v"]
 Recompute = Literal["none", "selective", "full"]
-Dtype = Literal["bf16", "fp8"]
+Dtype = Literal["fp32", "bf16", "fp8"]
 CheckpointKind = Literal["sync", "async", "in-memory"]
 FaultKind = Literal["crash", "hang", "slow", "bitflip", "ckpt-crash", "disk-full"]
 FAULT_KINDS: Final = get_args(FaultKind)
@@ -162,6 +162,10 @@ class Layout(Section):
     """Activation recompute: none, selective (attention core, Korthikanti et al. 2022) or full (whole layer)."""
     sequence_parallel: bool = False
     """Shard layer-norm and dropout activations along the sequence over the tp group (Megatron SP)."""
+    fused_projections: bool = True
+    """Q/K/V, and the MLP's gate and up projections, run as one GEMM each (Megatron). False: one GEMM per
+    projection, as the executor's DTensor layers run them — under tp each then needs its own input-gradient
+    all-reduce in the backward (5 per layer instead of 2)."""
     rank_order: str = "tp-cp-dp-pp"
     """Axes of the rank grid from innermost (fastest-varying rank) to outermost; ep subdivides dp."""
 
@@ -212,7 +216,8 @@ class Training(Section):
     tokens: PositiveFloat
     """Tokens to train in the whole run (tokens)."""
     dtype: Dtype = "bf16"
-    """Compute dtype of matmuls and collectives: bf16, or fp8 with bf16 master weights."""
+    """Compute dtype of matmuls and collectives: bf16, fp8 with bf16 master weights, or fp32 (no mixed precision:
+    what the executor runs on CPUs)."""
     optimizer: Literal["adamw", "adam", "sgd"] = "adamw"
     """Optimizer; adam/adamw keep fp32 master weights and two fp32 moments (16 bytes/param with bf16 grads)."""
     lr: PositiveFloat = 3e-4

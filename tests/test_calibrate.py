@@ -17,13 +17,15 @@ from twin.calibrate import Calibrator, Fit, calibrated_profile, get_field, predi
 from twin.measured import read_measurements
 from twin.predict import predict
 
-TRUE = {
+TRUE = {  # the knobs twin.calibrate fits, at values far from the catalogue's
     "compute.kernel_overhead_us": 40.0,
+    "compute.layer_overhead_us": 300.0,
     "compute.sharded_kernel_overhead_us": 120.0,
     "node.intra.latency_us": 900.0,
-    "node.intra.bandwidth_GBps": 0.5,
+    "node.effective_cores": 2.6,
     "compute.dp_overlap_fraction": 0.2,
 }
+FACTS = {"stragglers.jitter_cv": 0.0}  # measured, not fitted: synthetic ranks have no spread
 LAYOUTS = [
     [],  # cpu-tiny: dp2 tp2 pp2 1f1b
     ["layout.dp=4", "layout.pp=1"],
@@ -75,8 +77,8 @@ def write_synthetic_run(plan: Plan, cluster: Cluster, run_dir: Path, steps: int,
 
 @pytest.fixture(scope="module")
 def synthetic(tmp_path_factory: pytest.TempPathFactory) -> tuple[Cluster, Cluster, list[Path]]:
-    base = loader.load_cluster("localhost-cpu")
-    truth = with_fields(base, TRUE)
+    base = with_fields(loader.load_cluster("localhost-cpu"), FACTS)
+    truth = with_fields(base, {**TRUE, **FACTS})
     root = tmp_path_factory.mktemp("runs")
     dirs = []
     for i, overrides in enumerate(LAYOUTS):

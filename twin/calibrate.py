@@ -63,10 +63,12 @@ KNOBS: tuple[Knob, ...] = (
     Knob("compute.layer_overhead_us", 0.05, 1e6, start=100.0),
     Knob("compute.sharded_kernel_overhead_us", 0.05, 1e5, exercised=lambda p: p.layout.tp > 1, start=10.0),
     Knob("node.intra.latency_us", 0.05, 1e6, exercised=lambda p: p.layout.world_size > 1),
+    Knob("node.effective_cores", 0.5, 1024, start=2.0, exercised=lambda p: p.layout.world_size > 2),
     # node.intra.bandwidth_GBps comes from the collective sweep (`twin bench`): the tiny calibration models move
     # kilobytes, which say little about bandwidth and let it absorb latency-bound costs.
     Knob("compute.dp_overlap_fraction", 0.0, 1.0, log=False, exercised=lambda p: p.layout.dp * p.layout.cp > 1),
-    Knob("compute.gemm_peak_fraction.bf16", 0.01, 1.0),
+    Knob("compute.gemm_peak_fraction.bf16", 0.01, 1.0, exercised=lambda p: p.training.dtype == "bf16"),
+    Knob("compute.gemm_peak_fraction.fp32", 0.01, 1.0, exercised=lambda p: p.training.dtype == "fp32"),
     # stragglers.jitter_cv is measured (the spread of compute time among ranks doing the same work), not fitted
 )
 
@@ -75,7 +77,7 @@ def get_field(cluster: Cluster, path: str) -> float:
     node: Any = cluster.model_dump()
     for part in path.split("."):
         node = node[int(part)] if isinstance(node, list) else node[part]
-    return float(node)
+    return float(node or 0.0)  # an unset optional field reads as 0: the knob's `start` applies
 
 
 def with_fields(cluster: Cluster, values: dict[str, float]) -> Cluster:

@@ -91,6 +91,8 @@ class Shape:
     """Tokens of the microbatch on this rank: microbatch_size · seq_len / cp."""
     tp: int
     sequence_parallel: bool
+    fused_projections: bool = True
+    """Q, K and V as one GEMM (Megatron) or three (the executor's layers)."""
 
 
 @dataclass(frozen=True)
@@ -108,11 +110,12 @@ class PassCost:
     """Forward time of the attention core alone (what context-parallel exchanges can hide behind)."""
 
 
-def _gemms(m: ModelSpec, tokens: int, tp: int, moe: bool) -> list[float]:
+def _gemms(m: ModelSpec, tokens: int, tp: int, moe: bool, fused: bool = True) -> list[float]:
     """Forward FLOPs of each weight GEMM of one layer on one TP rank."""
     h, t = m.hidden, tp
     hq, hkv = m.heads * m.d_head, m.n_kv_heads * m.d_head
-    gemms = [2.0 * tokens * h * (hq + 2 * hkv) / t, 2.0 * tokens * hq * h / t]
+    qkv = [2.0 * tokens * h * (hq + 2 * hkv) / t] if fused else [2.0 * tokens * h * n / t for n in (hq, hkv, hkv)]
+    gemms = [*qkv, 2.0 * tokens * hq * h / t]
     mlp_mats = 3 if m.glu else 2
     if not moe:
         return gemms + [2.0 * tokens * h * m.ffn_hidden / t] * mlp_mats
@@ -145,7 +148,7 @@ def layer_cost(
     m: ModelSpec, shape: Shape, device: Device, moe: bool, recompute: str, microbatch: int, seq_local: int
 ) -> PassCost:
     """One layer's compute for one microbatch on one rank under a recompute policy."""
-    gemms = _gemms(m, shape.tokens, shape.tp, moe)
+    gemms = _gemms(m, shape.tokens, shape.tp, moe, shape.fused_projections)
     attn = attention_flops(m, microbatch, seq_local, shape.tp)
     elem_bytes, elem_kernels = _elementwise_bytes(m, shape, moe)
     gemm_fwd = sum(device.gemm_s(f) for f in gemms)

@@ -7,6 +7,11 @@ scheduler gives runnable processes equal shares. A pipeline stage's work therefo
 sits in its bubble — a static `cores / ranks` share cannot express that, so the pipeline simulation runs each
 action's work through a `SharedCores` of its node.
 
+A rank blocked in a collective is different: every step of the collective needs each peer to be scheduled, and
+a peer competes with all of the node's ranks, busy or about to wake; the time it blocks stretches by ranks per
+physical core (`blocked_stretch`). Compute sees the host's effective cores, which `twin calibrate` may find above
+the physical count (measured here: 8 ranks on 2 cores run their compute 2.7 cores' worth, not 2).
+
 SimPy's resources grant whole servers to queued requests; none slows every holder as more arrive, which is what
 an oversubscribed host does, hence this small hand-written processor-sharing server.
 """
@@ -32,6 +37,9 @@ class HostSharing:
     """OS processes each simulated pipeline rank stands for on its node: the dp·cp·tp ranks doing the same work."""
     ranks_per_pool: int
     """Consecutive pipeline ranks whose processes share one node's cores."""
+    blocked_stretch: float = 1.0
+    """How much longer a blocked collective takes than on an idle host: every peer must be scheduled once per
+    step of the collective, among all of the node's ranks (ranks / physical cores, at least 1)."""
 
 
 class SharedCores:

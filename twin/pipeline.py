@@ -214,12 +214,7 @@ class _Sim:
             start = self.env.now
             if a in self.final_grad and self.inp.dp_stage_s.get(a.stage, 0.0) > 0:
                 self.launch_buckets(rank, a.stage, start, cost.total)
-            yield self.work(rank, cost.total)
-            stretch = (self.env.now - start) / cost.total if cost.total > 0 else 1.0
-            for name in COMPONENTS:
-                setattr(times, name, getattr(times, name) + getattr(cost, name) * stretch)
-            if a.kind == "F":
-                times.forward += cost.compute * stretch
+            yield from self.run_action(rank, a, cost, times)
             self.slices.append(Slice(rank, a.stage, a.kind, a.microbatch, start, self.env.now))
             self.event(self.done, (a.kind, a.stage, a.microbatch)).succeed()
             self.send(a, rank)
@@ -235,6 +230,23 @@ class _Sim:
         yield self.work(rank, self.inp.optimizer_s.get(rank, 0.0))
         times.optimizer += self.env.now - start
         times.end = self.env.now
+
+    def run_action(self, rank: int, a: Action, cost: ActionCost, times: RankTimes) -> Generator[Any, Any, None]:
+        """Compute, then the action's exposed collectives. On a CPU host the compute shares the cores with the
+        busy ranks; a blocked collective waits for peers scheduled among all of the node's ranks."""
+        work = cost.compute + cost.recompute
+        comm = cost.total - work
+        t0 = self.env.now
+        yield self.work(rank, work)
+        work_stretch = (self.env.now - t0) / work if work > 0 else 1.0
+        comm_stretch = self.inp.host.blocked_stretch if self.inp.host is not None else 1.0
+        if comm > 0:
+            yield self.timeout(comm * comm_stretch)
+        for name in COMPONENTS:
+            stretch = work_stretch if name in ("compute", "recompute") else comm_stretch
+            setattr(times, name, getattr(times, name) + getattr(cost, name) * stretch)
+        if a.kind == "F":
+            times.forward += cost.compute * work_stretch
 
     def send(self, a: Action, rank: int) -> None:
         if a.kind == "F" and a.stage < self.last_stage:

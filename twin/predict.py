@@ -102,7 +102,7 @@ class _Context:
     def comm_bytes(self) -> int:
         """Bytes per element of activation traffic: fp8 where the plan trains in fp8 (DeepSeek-V3 §3.3 sends
         dispatch and activations in fp8); gradients stay bf16."""
-        return 1 if self.plan.training.dtype == "fp8" else 2
+        return {"fp8": 1, "fp32": 4}.get(self.plan.training.dtype, 2)
 
     def span(self, *axes: str) -> GroupSpan:
         return self.fabric.span(self.grid.group_of(0, *axes))
@@ -151,7 +151,9 @@ def _layer_comm(ctx: _Context, cost: PassCost, moe: bool) -> dict[str, tuple[flo
             if lay.sequence_parallel
             else 2 * ctx.time("all_reduce", stream, tp)
         )
-        out["tp"] = (per_pass, per_pass)
+        # unfused projections: Q, K, V (and gate, up) each all-reduce their input gradient in the backward
+        extra = 0 if lay.fused_projections else (2 + (1 if m.glu else 0)) * ctx.time("all_reduce", stream, tp)
+        out["tp"] = (per_pass, per_pass + extra)
     if lay.cp > 1:  # ring attention passes K and V around the cp ranks, overlapped with the attention blocks
         kv = 2 * tokens * m.n_kv_heads * m.d_head / lay.tp * ctx.comm_bytes
         ring = (lay.cp - 1) * ctx.time("p2p", kv, ctx.span("cp"))
@@ -180,7 +182,7 @@ def _zero3_layer_exposed(ctx: _Context, layer: int, cost: PassCost) -> tuple[flo
 
 def _shape(ctx: _Context) -> Shape:
     lay, m = ctx.plan.layout, ctx.plan.model
-    return Shape(lay.microbatch_size * m.seq_len // lay.cp, lay.tp, lay.sequence_parallel)
+    return Shape(lay.microbatch_size * m.seq_len // lay.cp, lay.tp, lay.sequence_parallel, lay.fused_projections)
 
 
 def _layer_costs(ctx: _Context) -> dict[bool, PassCost]:
@@ -276,7 +278,13 @@ def _host_sharing(ctx: _Context) -> HostSharing | None:
         return None
     per_node = min(lay.world_size, cluster.node.gpus)
     stages_on_node = len({ctx.grid.coords(r).pp for r in range(per_node)})
-    return HostSharing(cores=cluster.node.cpu_cores, weight=per_node / stages_on_node, ranks_per_pool=stages_on_node)
+    cores = cluster.node.effective_cores or cluster.node.cpu_cores
+    return HostSharing(
+        cores=cores,
+        weight=per_node / stages_on_node,
+        ranks_per_pool=stages_on_node,
+        blocked_stretch=max(1.0, per_node / cluster.node.cpu_cores),
+    )
 
 
 def _param_tensors(ctx: _Context, stage: int) -> int:
