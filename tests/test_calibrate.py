@@ -58,7 +58,8 @@ def write_synthetic_run(plan: Plan, cluster: Cluster, run_dir: Path, steps: int,
     (run_dir / "manifest.json").write_text(manifest.model_dump_json())
     lines = []
     for step in range(steps):
-        factor = 1 + noise * rng.standard_normal()
+        warmup = 3.0 if step == 0 else 1.0  # a real run's first step pays for warm-up: calibration must drop it
+        factor = warmup * (1 + noise * rng.standard_normal())
         for rank in range(plan.layout.world_size):
             c = grid.coords(rank)
             phases = {k: v * factor for k, v in pred.stage_phases_s[c.pp].items()}

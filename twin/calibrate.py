@@ -57,6 +57,25 @@ class Knob:
     start: float | None = None
     """Where the fit starts when the base value is zero (a log knob cannot start at 0)."""
 
+    @property
+    def bounds(self) -> tuple[float, float]:
+        """Lower and upper bound in fit space."""
+        return (math.log(self.lower), math.log(self.upper)) if self.log else (self.lower, self.upper)
+
+    def to_fit(self, value: float) -> float:
+        """A field value in fit space, clamped to the bounds (a zero starts at `start`)."""
+        if value <= 0 and self.start is not None:
+            value = self.start
+        value = min(max(value, self.lower), self.upper)
+        return math.log(value) if self.log else value
+
+    def from_fit(self, x: float) -> float:
+        return float(math.exp(x) if self.log else x)
+
+    def step(self, x: float, size: float) -> float:
+        """A finite-difference step of `size` from `x` in fit space, turned back where it would leave the bounds."""
+        return size if x + size <= self.bounds[1] else -size
+
 
 KNOBS: tuple[Knob, ...] = (
     Knob("compute.kernel_overhead_us", 0.05, 1e5),
@@ -138,19 +157,13 @@ class Calibrator:
         self.base = base
         self.knobs = tuple(knobs)
 
-    def _encode(self, knob: Knob, value: float) -> float:
-        if value <= 0 and knob.start is not None:
-            value = knob.start
-        value = min(max(value, knob.lower), knob.upper)
-        return math.log(value) if knob.log else value
+    @staticmethod
+    def _decode(knobs: Sequence[Knob], x: np.ndarray) -> dict[str, float]:
+        return {k.path: k.from_fit(v) for k, v in zip(knobs, x, strict=True)}
 
-    def _decode(self, knobs: Sequence[Knob], x: np.ndarray) -> dict[str, float]:
-        return {k.path: float(math.exp(v) if k.log else v) for k, v in zip(knobs, x, strict=True)}
-
-    def _bounds(self, knobs: Sequence[Knob]) -> tuple[list[float], list[float]]:
-        lo = [math.log(k.lower) if k.log else k.lower for k in knobs]
-        hi = [math.log(k.upper) if k.log else k.upper for k in knobs]
-        return lo, hi
+    @staticmethod
+    def _bounds(knobs: Sequence[Knob]) -> tuple[list[float], list[float]]:
+        return [k.bounds[0] for k in knobs], [k.bounds[1] for k in knobs]
 
     def residuals(self, knobs: Sequence[Knob], x: np.ndarray, data: Sequence[Measurement]) -> np.ndarray:
         cluster = with_fields(self.base, self._decode(knobs, x))
@@ -162,7 +175,7 @@ class Calibrator:
 
     def fit(self, data: Sequence[Measurement]) -> Fit:
         knobs = [k for k in self.knobs if any(k.exercised(m.plan) for m in data)]
-        x0 = np.array([self._encode(k, get_field(self.base, k.path)) for k in knobs])
+        x0 = np.array([k.to_fit(get_field(self.base, k.path)) for k in knobs])
         lo, hi = self._bounds(knobs)
         x0 = np.clip(x0, np.array(lo) + 1e-9, np.array(hi) - 1e-9)
         jac0 = self._jacobian(knobs, x0, data)
@@ -200,10 +213,8 @@ class Calibrator:
         """Coarse forward differences, one e-fold (log knobs) or 0.3 (fractions): does the knob matter at all?"""
         base = self.residuals(knobs, x, data)
         cols = []
-        hi = self._bounds(knobs)[1]
         for i, knob in enumerate(knobs):
-            size = 1.0 if knob.log else 0.3
-            step = size if x[i] + size <= hi[i] else -size
+            step = knob.step(x[i], 1.0 if knob.log else 0.3)
             moved = x.copy()
             moved[i] += step
             cols.append((self.residuals(knobs, moved, data) - base) / step)
@@ -229,13 +240,9 @@ def predict_with_interval(plan: Plan, fit: Fit) -> Interval:
     step = predict(plan, fit.cluster).step_time_s
     grad = []
     for knob in fit.knobs:
-        value = fit.values[knob.path]
-        x = math.log(value) if knob.log else value
-        dx = 0.05 if not knob.log or x + 0.05 <= math.log(knob.upper) else -0.05
-        moved = math.exp(x + dx) if knob.log else min(knob.upper, x + dx)
-        if not knob.log and moved == x:
-            moved, dx = x - dx, -dx
-        other = predict(plan, with_fields(fit.cluster, {knob.path: moved})).step_time_s
+        x = knob.to_fit(fit.values[knob.path])
+        dx = knob.step(x, 0.05)
+        other = predict(plan, with_fields(fit.cluster, {knob.path: knob.from_fit(x + dx)})).step_time_s
         grad.append((other - step) / dx)
     g = np.asarray(grad)
     var = float(g @ fit.covariance @ g) if g.size else 0.0

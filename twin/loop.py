@@ -8,6 +8,7 @@ by the calibrated profile without having been seen by the fit.
 from __future__ import annotations
 
 import json
+import statistics
 import subprocess
 import sys
 import time
@@ -22,11 +23,10 @@ from plan.cluster import Cluster
 from plan.loader import PlanError
 from twin.bench_fit import fit_bench
 from twin.calibrate import Calibrator, Fit, calibrated_profile, predict_with_interval, with_fields
+from twin.launch import REPO_ROOT
 from twin.loop_report import Row, phase_groups
 from twin.measured import Measurement, read_measurements
 from twin.predict import predict
-
-REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
 @dataclass(frozen=True)
@@ -50,12 +50,10 @@ def base_profile(cluster: Cluster, bench: Path | None, data: Sequence[Measuremen
             + f"; GEMM curve RMS error {', '.join(f'{d} {e:.1%}' for d, e in fitted.gemm_rms.items())}"
             + f"; collective sweep RMS error {fitted.link_rms:.1%}."
         )
-    jitter = sorted(m.busy_cv for m in data)
-    if jitter:
-        values["stragglers.jitter_cv"] = jitter[len(jitter) // 2]
-        notes.append(
-            f"stragglers.jitter_cv set to the measured median busy-time spread {jitter[len(jitter) // 2]:.3f}."
-        )
+    if data:
+        jitter = statistics.median_high(m.busy_cv for m in data)
+        values["stragglers.jitter_cv"] = jitter
+        notes.append(f"stragglers.jitter_cv set to the measured median busy-time spread {jitter:.3f}.")
     return (with_fields(cluster, values) if values else cluster), notes
 
 
@@ -89,9 +87,9 @@ def calibrate(
     for path, value in fit.values.items():
         notes.append(f"fitted {path} = {value:.4g} ± {fit.std[path]:.2g}")
     notes += [f"not identifiable from these runs, left as is: {path}" for path in fit.fixed]
-    cv = [m.step_sd / m.step_s for m in data if m.step_s > 0]
+    cv = statistics.median_high(m.step_sd / m.step_s if m.step_s > 0 else 0.0 for m in data)  # data is not empty
     sources = [r for m in data for r in m.runs] + ([str(bench)] if bench else [])
-    profile = calibrated_profile(fit, name or cluster.name, sources, sorted(cv)[len(cv) // 2] if cv else 0.0)
+    profile = calibrated_profile(fit, name or cluster.name, sources, cv)
     return Calibrated(fit, profile, rows, notes)
 
 

@@ -4,6 +4,7 @@ return `plotly.graph_objects.Figure`, for the report and the dashboard alike."""
 
 from __future__ import annotations
 
+import json
 import statistics
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -147,8 +148,6 @@ def phase_figure(rows: list[Row]) -> go.Figure:
 
 def write_report(out: Path, rows: list[Row], title: str, notes: list[str]) -> None:
     """report.md, report.html (both figures) and rows.json under `out`."""
-    import json
-
     out.mkdir(parents=True, exist_ok=True)
     (out / "report.md").write_text(markdown(rows, title, notes))
     html = step_figure(rows).to_html(full_html=False, include_plotlyjs=True)

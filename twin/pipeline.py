@@ -232,16 +232,19 @@ class _Sim:
         times.end = self.env.now
 
     def run_action(self, rank: int, a: Action, cost: ActionCost, times: RankTimes) -> Generator[Any, Any, None]:
-        """Compute, then the action's exposed collectives. On a CPU host the compute shares the cores with the
-        busy ranks; a blocked collective waits for peers scheduled among all of the node's ranks."""
-        work = cost.compute + cost.recompute
-        comm = cost.total - work
-        t0 = self.env.now
-        yield self.work(rank, work)
-        work_stretch = (self.env.now - t0) / work if work > 0 else 1.0
-        comm_stretch = self.inp.host.blocked_stretch if self.inp.host is not None else 1.0
-        if comm > 0:
-            yield self.timeout(comm * comm_stretch)
+        """One action's time. On a CPU host its compute shares the cores with the busy ranks and its blocked
+        collectives wait for peers scheduled among all of the node's ranks; elsewhere it is one timeout."""
+        work_stretch = comm_stretch = 1.0
+        if self.inp.host is None:
+            yield self.timeout(cost.total)
+        else:
+            work = cost.compute + cost.recompute
+            t0 = self.env.now
+            yield self.work(rank, work)
+            work_stretch = (self.env.now - t0) / work if work > 0 else 1.0
+            comm_stretch = self.inp.host.blocked_stretch
+            if cost.total > work:
+                yield self.timeout((cost.total - work) * comm_stretch)
         for name in COMPONENTS:
             stretch = work_stretch if name in ("compute", "recompute") else comm_stretch
             setattr(times, name, getattr(times, name) + getattr(cost, name) * stretch)
