@@ -81,6 +81,8 @@ class Trainer:
         self.params = list({id(p): p for m in self.parts for p in m.parameters()}.values())
         self.optimizer = self._build_optimizer()
         self.clock = StageClock()
+        self.barrier_s = 0.0
+        """Seconds the last step's job-wide metrics all-reduce took (mostly waiting for the slowest rank)."""
         self.schedule = self._build_schedule() if lay.pp > 1 else None
         self.holds_last = plan.layout.num_stages - 1 in self.stage_ids
 
@@ -186,7 +188,9 @@ class Trainer:
         grad_sq = local_grad_square_sum(self.params, holders)
         contrib = local_loss / holders if losses and not bad_loss else 0.0
         packed = torch.tensor([float(grad_sq), contrib, bad_loss], dtype=torch.float64, device=self.device)
-        dist.all_reduce(packed)
+        start = time.perf_counter()
+        dist.all_reduce(packed)  # every rank of the job: a barrier behind the slowest rank's backward
+        self.barrier_s = time.perf_counter() - start
         grad_norm, job_loss, n_bad = math.sqrt(max(0.0, float(packed[0]))), float(packed[1]), float(packed[2])
         if n_bad or not math.isfinite(grad_norm):
             local_bad = bad_loss or not math.isfinite(float(grad_sq))
@@ -245,6 +249,10 @@ class Trainer:
             if self.schedule is not None
             else 0.0,
         }
-        phases["optimizer"] = max(0.0, step_s - data_wait - compute_wall - comm.during("post"))
+        # The job-wide norm all-reduce before the optimizer waits for the slowest rank: waiting for peers, as the
+        # twin's step-end barrier counts it (plan.records: bubble), not optimizer work.
+        barrier, self.barrier_s = self.barrier_s, 0.0
+        phases["bubble"] += barrier
+        phases["optimizer"] = max(0.0, step_s - data_wait - compute_wall - comm.during("post") - barrier)
         phases["other"] = max(0.0, step_s - sum(phases.values()))
         return phases

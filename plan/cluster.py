@@ -135,6 +135,9 @@ class NodeSpec(Sourced):
     effective_cores: PositiveFloat | None = None
     """Cores' worth of throughput the host gives ranks that oversubscribe it, where that differs from cpu_cores
     (SMT, a hypervisor's vCPU scheduling); fitted by `twin calibrate`, unset means cpu_cores (count)."""
+    wakeup_latency_us: NonNegativeFloat = 0.0
+    """Wait of a rank process that a message wakes when every physical core is busy (it runs when the running
+    process's time slice ends); matters only where ranks oversubscribe host cores (microseconds)."""
     host_memory_GB: PositiveFloat
     """Host DRAM (1e9 bytes)."""
     intra: Link

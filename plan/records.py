@@ -34,7 +34,7 @@ PHASES = (
     "comm_ep",  # exposed expert-parallel all-to-all
     "comm_pp",  # exposed pipeline sends and receives
     "comm_dp",  # exposed data-parallel gradient reduction / parameter gathering
-    "bubble",  # pipeline fill and drain idle time
+    "bubble",  # idle waiting for peers: pipeline fill and drain, the step-end barrier of the norm all-reduce
     "checkpoint",  # training stall while a checkpoint is taken
     "other",  # what the rest does not explain
 )

@@ -22,7 +22,7 @@ TRUE = {  # the knobs twin.calibrate fits, at values far from the catalogue's
     "compute.layer_overhead_us": 300.0,
     "compute.sharded_kernel_overhead_us": 120.0,
     "node.intra.latency_us": 900.0,
-    "node.effective_cores": 2.6,
+    "node.wakeup_latency_us": 2000.0,
     "compute.dp_overlap_fraction": 0.2,
 }
 FACTS = {"stragglers.jitter_cv": 0.0}  # measured, not fitted: synthetic ranks have no spread
@@ -33,6 +33,7 @@ LAYOUTS = [
     ["layout.dp=8", "layout.tp=1", "layout.pp=1"],
     ["layout.dp=1", "layout.schedule=gpipe"],
     ["layout.tp=1", "layout.schedule=interleaved-1f1b", "layout.virtual_stages=2"],
+    ["layout.zero=1"],  # FSDP2-style ZeRO: its reduction overlap is fitted
 ]
 HELD_OUT = ["layout.dp=4", "layout.tp=2", "layout.pp=1", "layout.zero=0", "layout.microbatch_size=1"]
 

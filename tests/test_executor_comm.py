@@ -8,6 +8,7 @@ import datetime as dt
 import socket
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -148,3 +149,29 @@ def test_one_rank_per_axis_reports_exactly_zero_comm(tmp_path: Path) -> None:
     run_variants({"single": [*SINGLE, "training.global_batch=4"]}, 1, tmp_path)  # a small batch: a short run
     steps = _steps(tmp_path, "single")
     assert steps and all(getattr(r.phases, name) == 0.0 for r in steps for name in COMM)
+
+
+def test_the_step_end_barrier_is_waiting_not_optimizer_work() -> None:
+    """The job-wide metrics all-reduce before the optimizer waits for the slowest rank: its wall is bubble, as the
+    twin's step-end barrier counts it, and the optimizer keeps only its own work."""
+    from executor.engine import Trainer
+    from executor.pipeline import StageClock
+
+    class NoComm:
+        def reset(self) -> NoComm:
+            return self
+
+        def during(self, phase: str) -> float:
+            return 0.0
+
+        def axis(self, axis: str) -> float:
+            return 0.0
+
+    clock = StageClock()
+    clock.forward, clock.backward = 0.2, 0.3
+    engine: Any = SimpleNamespace(clock=clock, topo=SimpleNamespace(comm=NoComm()), schedule=None, barrier_s=0.25)
+    phases = Trainer._phases(engine, 0.01, 0.5, 1.0)
+    assert phases["bubble"] == pytest.approx(0.25)
+    assert phases["optimizer"] == pytest.approx(1.0 - 0.01 - 0.5 - 0.25)
+    assert sum(phases.values()) == pytest.approx(1.0)
+    assert engine.barrier_s == 0.0  # taken once: the next step starts from zero

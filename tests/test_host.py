@@ -4,8 +4,10 @@ import pytest
 import simpy
 
 from plan import loader
-from twin.host import SharedCores
+from twin.host import HostSharing, SharedCores
+from twin.pipeline import ActionCost, PipelineInput, PipelineResult, simulate
 from twin.predict import predict
+from twin.schedules import build
 
 
 def _finish_times(cores: float, weight: float, jobs: list[tuple[float, float]]) -> list[float]:
@@ -54,3 +56,59 @@ def test_cpu_prediction_slows_with_ranks_per_core() -> None:
     # same per-rank work (8 sequences per replica), 2 vs 8 processes on 2 cores
     ratio = eight.breakdown_s["compute"] / two.breakdown_s["compute"]
     assert ratio == pytest.approx(4.0, rel=1e-6)
+
+
+def test_others_busy_is_the_mean_load_of_the_other_owners_over_the_window() -> None:
+    env = simpy.Environment()
+    cpu = SharedCores(env, cores=4, weight=2)  # enough cores: jobs run at full speed
+
+    def job(owner: int, arrive: float, work: float):  # type: ignore[no-untyped-def]
+        yield env.timeout(arrive)
+        yield cpu.run(work, owner=owner)
+
+    env.process(job(0, 0.0, 1.0))  # owner 0 busy over [0, 1]
+    env.process(job(1, 0.5, 1.0))  # owner 1 busy over [0.5, 1.5]
+    env.run(until=1.2)
+    # over [0.2, 1.2]: owner 0 busy 0.8 of it, owner 1 busy 0.7; 2 processes each
+    assert cpu.others_busy(owner=1, window_s=1.0) == pytest.approx(2 * 0.8)
+    assert cpu.others_busy(owner=0, window_s=1.0) == pytest.approx(2 * 0.7)
+    assert cpu.others_busy(owner=0, window_s=0.0) == pytest.approx(2.0)  # no window: the load right now
+
+
+def _pp2_gpipe(physical: float, wakeup_s: float) -> PipelineResult:
+    """Two pipeline ranks sharing one node of `physical` cores (one rank process each), GPipe over 2
+    microbatches, forwards and backwards of 1 s, free transfers."""
+    costs = {(k, s): ActionCost(compute=1.0) for k in "FB" for s in (0, 1)}
+    sends = {(0, 1): 0.0, (1, 0): 0.0}
+    host = HostSharing(cores=physical, weight=1, ranks_per_pool=2, physical_cores=physical, wakeup_s=wakeup_s)
+    return simulate(PipelineInput(build("gpipe", 2, 1, 2), (0, 1), costs, sends, False, host=host))
+
+
+def test_a_woken_rank_waits_for_a_core_only_when_the_cores_are_full() -> None:
+    # Rank 1 sleeps until F0 of stage 0 ends at 1 s; rank 0 goes straight on to F1, so on one core the woken
+    # rank 1 finds it busy over the whole wake-up window and starts wakeup_s late; on two cores it starts at once.
+    def first_start(result: PipelineResult) -> float:
+        return min(s.start for s in result.slices if s.rank == 1)
+
+    assert first_start(_pp2_gpipe(physical=2, wakeup_s=0.25)) == pytest.approx(1.0)
+    assert first_start(_pp2_gpipe(physical=1, wakeup_s=0.25)) == pytest.approx(1.25)
+    assert first_start(_pp2_gpipe(physical=1, wakeup_s=0.0)) == pytest.approx(1.0)
+    slow = _pp2_gpipe(physical=1, wakeup_s=0.25)
+    assert slow.ranks[1].bubble > _pp2_gpipe(physical=1, wakeup_s=0.0).ranks[1].bubble  # the wait is waiting
+
+
+def test_every_rank_waits_at_the_step_end_barrier_before_its_optimizer() -> None:
+    """Stage 1 costs twice stage 0: rank 0 reaches the barrier early and waits (bubble) until rank 1 arrives;
+    both then run the all-reduce and their optimizer, so the step is rank 1's end + barrier + the longer step."""
+    costs = {("F", 0): ActionCost(compute=1.0), ("B", 0): ActionCost(compute=1.0)}
+    costs |= {("F", 1): ActionCost(compute=2.0), ("B", 1): ActionCost(compute=2.0)}
+    inp = PipelineInput(
+        build("1f1b", 2, 1, 1), (0, 1), costs, {(0, 1): 0.0, (1, 0): 0.0}, False,
+        optimizer_s={0: 0.5, 1: 0.1}, barrier_s=0.2,
+    )  # fmt: skip
+    result = simulate(inp)
+    # F0 [0, 1], F1 [1, 3], B1 [3, 5], B0 [5, 6]: rank 1 arrives at 5, rank 0 at 6
+    assert result.step_s == pytest.approx(6 + 0.2 + 0.5)
+    assert result.ranks[1].bubble == pytest.approx(1 + 1 + 0.2 + 0.4)  # fill, barrier wait, all-reduce, tail
+    assert result.ranks[0].bubble == pytest.approx(4 + 0.2)  # waiting for F1 and B1, then the all-reduce
+    assert result.ranks[0].optimizer == pytest.approx(0.5) and result.ranks[1].optimizer == pytest.approx(0.1)

@@ -82,10 +82,22 @@ KNOBS: tuple[Knob, ...] = (
     Knob("compute.layer_overhead_us", 0.05, 1e6, start=100.0),
     Knob("compute.sharded_kernel_overhead_us", 0.05, 1e5, exercised=lambda p: p.layout.tp > 1, start=10.0),
     Knob("node.intra.latency_us", 0.05, 1e6, exercised=lambda p: p.layout.world_size > 1),
-    Knob("node.effective_cores", 0.5, 1024, start=2.0, exercised=lambda p: p.layout.world_size > 2),
+    # node.effective_cores is not fitted: step times trade it against per-layer host cost. What separates them is
+    # the CPU a layout burns, and on this VM dp2 (a rank per core) and dp8 (four per core) spend the same
+    # forward+backward CPU-seconds per sequence: 2 ranks x 0.065 s at a full core, 8 x 0.066 s at a quarter.
+    # A host whose SMT or hypervisor gives more than its cores says so in its profile.
+    Knob("node.wakeup_latency_us", 1.0, 1e5, start=2000.0, exercised=lambda p: p.layout.world_size > 2),
     # node.intra.bandwidth_GBps comes from the collective sweep (`twin bench`): the tiny calibration models move
     # kilobytes, which say little about bandwidth and let it absorb latency-bound costs.
-    Knob("compute.dp_overlap_fraction", 0.0, 1.0, log=False, exercised=lambda p: p.layout.dp * p.layout.cp > 1),
+    # ZeRO 0's reduction overlaps by construction or not at all (the executor: not at all; the base profile says
+    # which); FSDP2's bucketed reduce-scatter under ZeRO 1-3 overlaps by an amount only measurement tells.
+    Knob(
+        "compute.dp_overlap_fraction",
+        0.0,
+        1.0,
+        log=False,
+        exercised=lambda p: p.layout.zero >= 1 and p.layout.dp * p.layout.cp > 1,
+    ),
     Knob("compute.gemm_peak_fraction.bf16", 0.01, 1.0, exercised=lambda p: p.training.dtype == "bf16"),
     Knob("compute.gemm_peak_fraction.fp32", 0.01, 1.0, exercised=lambda p: p.training.dtype == "fp32"),
     # stragglers.jitter_cv is measured (the spread of compute time among ranks doing the same work), not fitted

@@ -16,10 +16,14 @@ from dataclasses import dataclass
 from plan.cluster import Cluster
 from plan.schema import ModelSpec
 
-DTENSOR_OPS_PER_GEMM = 3
-"""A weight GEMM of a tensor-parallel layer dispatches about three ops on DTensors (the weight's transpose, the
-matmul, and a view or redistribute of its output): each pays the sharded per-op cost (torch.distributed.tensor's
-linear runs as aten.t + aten.mm/addmm on the local shards, plus the placement bookkeeping of its output)."""
+DTENSOR_OPS_FORWARD = 4
+"""Ops a tensor-parallel linear dispatches on DTensors in its forward, each paying the sharded per-op cost: aten.t,
+view, mm and _unsafe_view (a 3-D input is flattened around the matmul). Counted with a TorchDispatchMode around
+the executor's TP layers (apply_tensor_parallel, torch 2.13): 116 such ops for cpu-tiny's 29 TP linears."""
+
+DTENSOR_OPS_BACKWARD = 9
+"""The same linear's DTensor ops in backward, its input- and weight-gradient GEMMs together: 4 t, 2 view, 2 mm and
+a detach (263 for the 29 linears, the embedding's one included), split evenly between the two GEMMs."""
 
 ACT_BYTES = 2
 """Activations and element-wise work stay in bf16 under fp8 training (fp8 applies to GEMM inputs; Micikevicius et
@@ -70,13 +74,16 @@ class Device:
             memory_Bps=memory,
         )
 
-    def gemm_s(self, flops: float, weight: bool = True) -> float:
-        """One GEMM: efficiency fraction · f / (f + f_half) of peak, i.e. (f + f_half) / (fraction · peak); a
-        `weight` GEMM of a tensor-parallel layer also pays its DTensor ops (attention's are on local tensors)."""
+    def gemm_s(self, flops: float) -> float:
+        """One GEMM: efficiency fraction · f / (f + f_half) of peak, i.e. (f + f_half) / (fraction · peak)."""
         if flops <= 0:
             return 0.0
-        host = self.kernel_s + (DTENSOR_OPS_PER_GEMM * self.sharded_s if weight else 0.0)
-        return (flops + self.half_flops) / (self.gemm_fraction * self.peak_flops) + host
+        return (flops + self.half_flops) / (self.gemm_fraction * self.peak_flops) + self.kernel_s
+
+    def linear_s(self, flops: float, dtensor_ops: float) -> float:
+        """A weight GEMM and, on a tensor-parallel layer, the DTensor ops around it (attention's GEMMs run on local
+        tensors and pay none)."""
+        return self.gemm_s(flops) + (dtensor_ops * self.sharded_s if flops > 0 else 0.0)
 
     def memory_s(self, nbytes: float, kernels: int) -> float:
         """Memory-bound kernels moving `nbytes` in all."""
@@ -151,16 +158,15 @@ def layer_cost(
     gemms = _gemms(m, shape.tokens, shape.tp, moe, shape.fused_projections)
     attn = attention_flops(m, microbatch, seq_local, shape.tp)
     elem_bytes, elem_kernels = _elementwise_bytes(m, shape, moe)
-    gemm_fwd = sum(device.gemm_s(f) for f in gemms)
-    attn_fwd = device.gemm_s(attn, weight=False)
+    gemm_fwd = sum(device.linear_s(f, DTENSOR_OPS_FORWARD) for f in gemms)
+    gemm_bwd = sum(device.linear_s(f, DTENSOR_OPS_BACKWARD / 2) for f in gemms)  # input and weight gradients each
+    attn_fwd = device.gemm_s(attn)
     elem_fwd = device.memory_s(elem_bytes, elem_kernels)
     forward = gemm_fwd + attn_fwd + elem_fwd + device.layer_s
     # backward: input-gradient GEMMs, the fused attention backward (2.5x its forward) and element-wise work
     # twice; weight-gradient GEMMs as many again as forward
-    backward_input = (
-        gemm_fwd + device.gemm_s(2.5 * attn, weight=False) + device.memory_s(2 * elem_bytes, 2 * elem_kernels)
-    )
-    backward_weight = gemm_fwd
+    backward_input = gemm_bwd + device.gemm_s(2.5 * attn) + device.memory_s(2 * elem_bytes, 2 * elem_kernels)
+    backward_weight = gemm_bwd
     if recompute == "full":
         recompute_s, recompute_flops = forward, sum(gemms) + attn
     elif recompute == "selective":  # attention core, norms, MLP activation (see twin/memory.py)
@@ -183,10 +189,9 @@ def head_cost(m: ModelSpec, shape: Shape, device: Device) -> PassCost:
     """The output head and loss on the last stage: a vocab-parallel GEMM and a memory-bound cross-entropy."""
     gemm = 2.0 * shape.tokens * m.hidden * m.vocab / shape.tp
     logits_bytes = 3 * shape.tokens * m.vocab / shape.tp * 4  # fp32 softmax: read logits, write probs, read back
-    fwd = device.gemm_s(gemm) + device.memory_s(logits_bytes, 3)
-    return PassCost(
-        fwd, device.gemm_s(gemm) + device.memory_s(logits_bytes, 2), device.gemm_s(gemm), 0.0, gemm, 2 * gemm, 0.0
-    )
+    fwd = device.linear_s(gemm, DTENSOR_OPS_FORWARD) + device.memory_s(logits_bytes, 3)
+    grad = device.linear_s(gemm, DTENSOR_OPS_BACKWARD / 2)
+    return PassCost(fwd, grad + device.memory_s(logits_bytes, 2), grad, 0.0, gemm, 2 * gemm, 0.0)
 
 
 def embedding_cost(m: ModelSpec, shape: Shape, device: Device) -> PassCost:

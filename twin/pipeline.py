@@ -5,7 +5,9 @@ gradient) its action needs. A cross-rank send is a process that holds the link b
 direction for the message's time, so sends queue when they contend. Data-parallel gradient buckets become ready
 as each stage's final backward runs and queue on the rank's data-parallel link, overlapping the backward; what is
 left after the rank's last computation is exposed. Time a rank spends waiting is pipeline communication while the
-message it waits for is on the wire (or queued for it), and bubble otherwise. (SimPy's "machine shop" pattern:
+message it waits for is on the wire (or queued for it), and bubble otherwise. Every rank then joins the job-wide
+gradient-norm all-reduce, a barrier: a rank done early waits there for the slowest (bubble) before its optimizer
+step. On a CPU host a rank woken from a wait may find every core busy and wait for one. (SimPy's "machine shop" pattern:
 processes for workers, resources for shared links; records collected in lists, tables built after `env.run()`.)
 """
 
@@ -55,6 +57,9 @@ class PipelineInput:
     """Seconds of ZeRO-3 parameter gathering of each stage before its first forward (pipelined FSDP)."""
     optimizer_s: Mapping[int, float] = field(default_factory=dict)
     """Seconds of the optimizer step on each rank."""
+    barrier_s: float = 0.0
+    """Seconds of the job-wide all-reduce every rank joins between its gradient reduction and its optimizer step
+    (the gradient norm for clipping): a barrier, so a rank done early waits there for the slowest."""
     buckets: int = 4
     """Gradient buckets per stage (Megatron's default bucket is 40M parameters; a handful per stage)."""
     dp_overlap: float = 1.0
@@ -133,6 +138,8 @@ class _Sim:
         self.events = 0
         self.last_stage = len(inp.stage_rank) - 1
         self.final_grad = self._final_grad_actions()
+        self.arrived_ranks = 0
+        self.barrier = self.env.event()
         self.pools: list[SharedCores] = []
         if inp.host is not None:
             n_pools = -(-len(inp.orders) // inp.host.ranks_per_pool)
@@ -144,7 +151,21 @@ class _Sim:
             return self.timeout(seconds)
         assert self.inp.host is not None
         self.events += 1
-        return self.pools[rank // self.inp.host.ranks_per_pool].run(seconds)
+        return self.pools[rank // self.inp.host.ranks_per_pool].run(seconds, owner=rank)
+
+    def wakeup(self, rank: int, slept_s: float) -> simpy.Event:
+        """The delay before a rank that a message wakes runs again. On a CPU host whose busy processes fill the
+        physical cores, it waits for a core (HostSharing.wakeup_s) for the share of its processes that find none.
+        A wait shorter than that latency counts in proportion (`slept_s`), so a prediction does not jump as a
+        message arrives just before or after its receiver asks for it. (Collectives inside actions price their
+        rounds' scheduling with host.blocked_stretch instead.)"""
+        host = self.inp.host
+        if not self.pools or host is None or host.wakeup_s <= 0:
+            return self.timeout(0.0)
+        runnable = self.pools[rank // host.ranks_per_pool].others_busy(rank, host.wakeup_s) + host.weight
+        short = min(1.0, max(0.0, (runnable - host.physical_cores) / host.weight))
+        slept = min(1.0, slept_s / host.wakeup_s)
+        return self.timeout(host.wakeup_s * short * slept)
 
     def _final_grad_actions(self) -> set[Action]:
         kind = "W" if self.inp.split_w else "B"
@@ -205,6 +226,10 @@ class _Sim:
                 on_wire = min(waited, max(0.0, self.env.now - self.sent_at.get(key, self.env.now)))
                 times.pp += on_wire
                 times.bubble += waited - on_wire
+                if waited > 0:
+                    t0 = self.env.now
+                    yield self.wakeup(rank, waited)
+                    times.bubble += self.env.now - t0
             if a.kind == "F" and a.stage in self.gathered and a.stage not in first_forward:
                 first_forward.add(a.stage)
                 t0 = self.env.now
@@ -226,10 +251,23 @@ class _Sim:
         if after > 0:
             yield self.work(rank, after)
         times.dp += self.env.now - compute_end
+        yield from self.join_barrier(rank, times)
         start = self.env.now
         yield self.work(rank, self.inp.optimizer_s.get(rank, 0.0))
         times.optimizer += self.env.now - start
         times.end = self.env.now
+
+    def join_barrier(self, rank: int, times: RankTimes) -> Generator[simpy.Event, Any, None]:
+        """Wait for every rank to reach the step-end all-reduce, then run it; all of it is waiting for peers."""
+        start = self.env.now
+        self.arrived_ranks += 1
+        if self.arrived_ranks == len(self.inp.orders):
+            self.barrier.succeed()
+        else:
+            yield self.barrier
+            yield self.wakeup(rank, self.env.now - start)
+        yield self.timeout(self.inp.barrier_s)
+        times.bubble += self.env.now - start
 
     def run_action(self, rank: int, a: Action, cost: ActionCost, times: RankTimes) -> Generator[Any, Any, None]:
         """One action's time. On a CPU host its compute shares the cores with the busy ranks and its blocked

@@ -283,27 +283,38 @@ def _host_sharing(ctx: _Context) -> HostSharing | None:
         cores=cores,
         weight=per_node / stages_on_node,
         ranks_per_pool=stages_on_node,
+        physical_cores=cluster.node.cpu_cores,
+        wakeup_s=cluster.node.wakeup_latency_us * 1e-6,
         blocked_stretch=max(1.0, per_node / cluster.node.cpu_cores),
     )
 
 
-def _param_tensors(ctx: _Context, stage: int) -> int:
+ADAM_DTENSOR_OPS = 8
+"""Ops torch's single-tensor AdamW runs on a DTensor parameter, each paying the sharded per-op cost: two mul_, lerp_,
+addcmul_, sqrt, div, add_ and addcdiv_ (its step counter is a plain tensor). Counted with a TorchDispatchMode over
+one optimizer step of cpu-tiny under TP 2 (torch 2.13): 240 ops for its 30 sharded parameters."""
+
+
+def _param_tensors(ctx: _Context, stage: int, sharded_only: bool = False) -> int:
     """Parameter tensors of one model stage: per layer Q, K, V, O, the MLP's two or three and two norm gains;
-    the embedding on the first stage, the final norm and head on the last."""
+    the embedding on the first stage, the final norm and head on the last. With `sharded_only`, those that are
+    DTensors: every one under FSDP (ZeRO 1-3 over more than one replica), else the tensor-parallel matrices."""
     m, lay = ctx.plan.model, ctx.plan.layout
-    per_layer = 4 + (3 if m.glu else 2) + 2
-    extras = (1 if stage == 0 else 0) + (2 if stage == lay.num_stages - 1 else 0)
-    return len(stage_layer_ranges(ctx.plan)[stage]) * per_layer + extras
+    layers = len(stage_layer_ranges(ctx.plan)[stage])
+    first, last = stage == 0, stage == lay.num_stages - 1
+    if sharded_only and not (lay.zero >= 1 and lay.dp * lay.cp > 1):
+        if lay.tp == 1:
+            return 0
+        return layers * (4 + (3 if m.glu else 2)) + int(first) + int(last)
+    return layers * (4 + (3 if m.glu else 2) + 2) + int(first) + 2 * int(last)
 
 
 def _optimizer_s(ctx: _Context) -> dict[int, float]:
     """Seconds of the Adam step on each pipeline rank: memory-bound over the parameters it updates — its ZeRO
     shard from stage 1 on (dense over dp, experts over dp / ep), all of its parameters without ZeRO — plus the
-    optimizer's per-tensor ops and the job-wide gradient-norm all-reduce."""
+    optimizer's per-tensor ops (the job-wide gradient-norm all-reduce before it is the pipeline's barrier_s)."""
     lay, eff = ctx.plan.layout, ctx.cluster.compute
-    sharded = lay.tp > 1 or (lay.zero >= 1 and lay.dp * lay.cp > 1)  # DTensor parameters dispatch per op
-    kernel_s = ctx.device.kernel_s + (eff.sharded_kernel_overhead_us * 1e-6 if sharded else 0.0)
-    norm = ctx.time("all_reduce", NORM_REDUCTION_BYTES, ctx.span("dp", "pp", "cp", "tp"))
+    sharded_s = eff.sharded_kernel_overhead_us * 1e-6
     out = {}
     for rank in range(lay.pp):
         stages = [s for s in range(lay.num_stages) if schedules.stage_rank(lay.schedule, lay.pp, s) == rank]
@@ -313,7 +324,9 @@ def _optimizer_s(ctx: _Context) -> dict[int, float]:
         else:
             local = sum(p.dense + p.expert for p in params)
         tensor_ops = eff.optimizer_kernels_per_tensor * sum(_param_tensors(ctx, s) for s in stages)
-        out[rank] = ctx.device.memory_s(ADAM_BYTES_PER_PARAM * local, 4) + tensor_ops * kernel_s + norm
+        dtensor_ops = ADAM_DTENSOR_OPS * sum(_param_tensors(ctx, s, sharded_only=True) for s in stages)
+        host = tensor_ops * ctx.device.kernel_s + dtensor_ops * sharded_s
+        out[rank] = ctx.device.memory_s(ADAM_BYTES_PER_PARAM * local, 4) + host
     return out
 
 
@@ -356,6 +369,7 @@ def predict(plan: Plan, cluster: Cluster | None = None, options: PredictOptions 
             dp_stage_s=reduce_s,
             gather_stage_s=gather_s,
             optimizer_s=_optimizer_s(ctx),
+            barrier_s=ctx.time("all_reduce", NORM_REDUCTION_BYTES, ctx.span("dp", "pp", "cp", "tp")),
             dp_overlap=cluster.compute.dp_overlap_fraction,
             host=_host_sharing(ctx),
         )
