@@ -9,12 +9,14 @@ action's work through a `SharedCores` of its node.
 
 A rank blocked in a collective is different: every step of the collective needs each peer to be scheduled, and
 a peer competes with all of the node's ranks, busy or about to wake; the time it blocks stretches by ranks per
-physical core (`blocked_stretch`). Compute sees the host's effective cores, which `twin calibrate` may find above
-the physical count (measured here: 8 ranks on 2 cores run their compute 2.7 cores' worth, not 2).
+physical core (`blocked_stretch`). Compute sees the host's effective cores: the physical count unless the
+profile says SMT or a hypervisor gives more (on this VM dp2 and dp8 burn the same CPU-seconds per sequence).
 
 A rank that a message wakes from such a sleep runs at once only if a physical core is free; when the node's
 runnable processes fill every core it waits for the running process's time slice to end (`wakeup_s`, the
-cluster's node.wakeup_latency_us). That cost scales with the waits a schedule has, not with its compute, which
+cluster's node.wakeup_latency_us). The load it meets is the other ranks' mean over the last `wakeup_s` (a
+mean-field reading: the instantaneous count would make predictions jump as actions reorder, which least-squares
+fitting cannot step across). That cost scales with the waits a schedule has, not with its compute, which
 is why interleaved 1F1B (p·v - 1 rank crossings per microbatch each way, where 1F1B has p - 1) loses more to
 an oversubscribed host than 1F1B does.
 
