@@ -4,6 +4,7 @@ import pytest
 import simpy
 
 from plan import loader
+from twin.calibrate import with_fields
 from twin.host import HostSharing, SharedCores
 from twin.pipeline import ActionCost, PipelineInput, PipelineResult, simulate
 from twin.predict import predict
@@ -112,3 +113,15 @@ def test_every_rank_waits_at_the_step_end_barrier_before_its_optimizer() -> None
     assert result.ranks[1].bubble == pytest.approx(1 + 1 + 0.2 + 0.4)  # fill, barrier wait, all-reduce, tail
     assert result.ranks[0].bubble == pytest.approx(4 + 0.2)  # waiting for F1 and B1, then the all-reduce
     assert result.ranks[0].optimizer == pytest.approx(0.5) and result.ranks[1].optimizer == pytest.approx(0.1)
+
+
+def test_ranks_sharing_a_nodes_cores_straggle_as_its_cores_not_as_its_ranks() -> None:
+    """A work-conserving scheduler gives the time one co-located rank loses to another: on the 2-core host the
+    straggler skew of dp8 is that of 2 independent ranks, the same share of the step as dp2's."""
+    cluster = with_fields(loader.load_cluster("localhost-cpu"), {"stragglers.jitter_cv": 0.1})
+    skews = []
+    for dp in (2, 8):
+        result = predict(loader.load("cpu-tiny", ["layout.tp=1", "layout.pp=1", f"layout.dp={dp}"]), cluster)
+        skews.append(result.breakdown_s["straggler"] / (result.step_time_s - result.breakdown_s["straggler"]))
+    assert skews[0] > 0
+    assert skews[1] == pytest.approx(skews[0], rel=1e-9)

@@ -330,6 +330,19 @@ def _optimizer_s(ctx: _Context) -> dict[int, float]:
     return out
 
 
+def _independent_ranks(ctx: _Context) -> int:
+    """Ranks whose step-time noise is independent, for the straggler skew: every accelerator; on a CPU cluster
+    with more ranks on a node than cores, the node's cores. The OS scheduler is work-conserving, so what one
+    co-located rank loses of the node's cores another gains, and the node finishes its work no later; the
+    processor sharing in the pipeline simulation already holds what that sharing costs."""
+    lay, cluster = ctx.plan.layout, ctx.cluster
+    if cluster.accelerator.kind != "cpu":
+        return lay.world_size
+    nodes = -(-lay.world_size // cluster.node.gpus)
+    per_node = min(lay.world_size, cluster.node.gpus)
+    return nodes * min(per_node, cluster.node.cpu_cores)
+
+
 def straggler_factor(cluster: Cluster, ranks: int) -> float:
     """Median of the slowest of `ranks` lognormal step-time multipliers with sigma = the cluster's jitter_cv:
     the max of N draws has CDF F^N, so its median is F^-1(0.5^(1/N)) — one extreme-value quantile, not N draws."""
@@ -390,7 +403,7 @@ def _summarise(
     first_forward = next(s.end - s.start for s in result.slices if s.rank == 0 and s.kind == "F")
     gather_exposed = max(0.0, param_gather - first_forward)  # overlaps the next step's first forward
     base = result.step_s + gather_exposed
-    straggle = base * (straggler_factor(cluster, lay.world_size) - 1) if ctx.options.stragglers else 0.0
+    straggle = base * (straggler_factor(cluster, _independent_ranks(ctx)) - 1) if ctx.options.stragglers else 0.0
     token_bytes = 2 if plan.model.vocab <= 2**16 else 4
     read_s = plan.tokens_per_step * token_bytes / (cluster.storage.read_GBps * 1e9)
     data_wait = max(0.0, read_s - (base + straggle))  # the loader prefetches during the step
