@@ -169,6 +169,23 @@ def _layer_comm(ctx: _Context, cost: PassCost, moe: bool) -> dict[str, tuple[flo
     return out
 
 
+def _edge_tp(ctx: _Context, stage: int) -> tuple[float, float]:
+    """(forward, backward) seconds of the TP collectives outside the layers for one microbatch: the vocab-parallel
+    embedding sums its partial outputs (an all-reduce; a reduce-scatter onto sequence shards under SP), and the
+    column-parallel head's replicated input gathers its gradient in backward (an all-reduce; under SP an
+    all-gather forward and a reduce-scatter backward)."""
+    m, lay = ctx.plan.model, ctx.plan.layout
+    stream = lay.microbatch_size * m.seq_len // lay.cp * m.hidden * ctx.comm_bytes
+    tp = ctx.span("tp")
+    fwd = bwd = 0.0
+    if stage == 0:
+        fwd += ctx.time("reduce_scatter" if lay.sequence_parallel else "all_reduce", stream, tp)
+    if stage == lay.num_stages - 1:
+        fwd += ctx.time("all_gather", stream, tp) if lay.sequence_parallel else 0.0
+        bwd += ctx.time("reduce_scatter" if lay.sequence_parallel else "all_reduce", stream, tp)
+    return fwd, bwd
+
+
 def _zero3_layer_exposed(ctx: _Context, layer: int, cost: PassCost) -> tuple[float, float]:
     """FSDP without pipelining: each layer's weights are gathered before use and its gradients reduce-scattered,
     prefetched one layer ahead, so only what outlasts the layer's compute shows."""
@@ -201,6 +218,7 @@ def _stage_costs(ctx: _Context, kinds: dict[bool, PassCost]) -> dict[tuple[str, 
     shape = _shape(ctx)
     comms = {moe: _layer_comm(ctx, cost, moe) for moe, cost in kinds.items()}
     split = schedules.splits_weight_grad(lay.schedule)
+    edge_tp = {s: _edge_tp(ctx, s) for s in range(lay.num_stages)} if lay.tp > 1 else {}
     costs: dict[tuple[str, int], ActionCost] = {}
     for stage, layers in enumerate(stage_layer_ranges(plan)):
         f, b, w = (dict.fromkeys(("compute", "recompute", "tp", "cp", "ep", "dp"), 0.0) for _ in range(3))
@@ -220,6 +238,8 @@ def _stage_costs(ctx: _Context, kinds: dict[bool, PassCost]) -> dict[tuple[str, 
             if lay.zero == 3 and lay.pp == 1:
                 fwd, bwd = _zero3_layer_exposed(ctx, layer, cost)
                 f["dp"], b["dp"] = f["dp"] + fwd, b["dp"] + bwd
+        if lay.tp > 1:
+            f["tp"], b["tp"] = f["tp"] + edge_tp[stage][0], b["tp"] + edge_tp[stage][1]
         for extra in extras:
             f["compute"] += extra.forward_s
             b["compute"] += extra.backward_input_s
