@@ -121,3 +121,20 @@ def test_predict_cli_rejects_a_bad_layout_in_one_line() -> None:
     out = CliRunner().invoke(app, ["predict", "cpu-tiny", "--set", "layout.pp=3"])
     assert out.exit_code == 2 and "Traceback" not in out.output
     assert len([line for line in out.stderr.splitlines() if line.strip()]) == 1
+
+
+@pytest.mark.parametrize("fused,extra", [(True, 0), (False, 3)])
+def test_tp_collectives_per_microbatch_are_counted(fused: bool, extra: int) -> None:
+    """Without pipelining, exposed TP time is microbatches x (two all-reduces per layer each way, the unfused
+    projections' extra backward ones, and one each way at the model's edges: the embedding's partial sums forward,
+    the head input's gradient backward) x one all-reduce of the activation stream."""
+    plan = loader.load(
+        "gpt-1b-h100",
+        ["cluster=dgx-h100-superpod", "layout.tp=8", "layout.pp=1", "layout.dp=1", "layout.zero=0",
+         "layout.sequence_parallel=false",
+         f"layout.fused_projections={str(fused).lower()}", "layout.recompute=none"],
+    )  # fmt: skip
+    result = predict(plan, options=PredictOptions(stragglers=False))
+    one = result.collectives["tp"]["seconds"]
+    per_microbatch = plan.model.layers * (2 + 2 + extra) + 1 + 1
+    assert result.breakdown_s["tp_comm"] == pytest.approx(plan.num_microbatches * per_microbatch * one, rel=1e-9)
