@@ -81,8 +81,6 @@ class Trainer:
         self.params = list({id(p): p for m in self.parts for p in m.parameters()}.values())
         self.optimizer = self._build_optimizer()
         self.clock = StageClock()
-        self.barrier_s = 0.0
-        """Seconds the last step's job-wide metrics all-reduce took (mostly waiting for the slowest rank)."""
         self.schedule = self._build_schedule() if lay.pp > 1 else None
         self.holds_last = plan.layout.num_stages - 1 in self.stage_ids
 
@@ -179,8 +177,9 @@ class Trainer:
             losses.append(float(loss.detach()))
         return losses
 
-    def _reduce_metrics(self, step: int, losses: list[float]) -> tuple[float, float]:
-        """(grad norm, job mean loss) in one all-reduce; raises NonFiniteError naming the first bad rank."""
+    def _reduce_metrics(self, step: int, losses: list[float]) -> tuple[float, float, float]:
+        """(grad norm, job mean loss, seconds the all-reduce took) in one all-reduce; raises NonFiniteError naming
+        the first bad rank."""
         lay = self.plan.layout
         holders = lay.dp * lay.cp * lay.tp
         local_loss = sum(losses) / len(losses) if losses else 0.0
@@ -190,7 +189,7 @@ class Trainer:
         packed = torch.tensor([float(grad_sq), contrib, bad_loss], dtype=torch.float64, device=self.device)
         start = time.perf_counter()
         dist.all_reduce(packed)  # every rank of the job: a barrier behind the slowest rank's backward
-        self.barrier_s = time.perf_counter() - start
+        barrier_s = time.perf_counter() - start
         grad_norm, job_loss, n_bad = math.sqrt(max(0.0, float(packed[0]))), float(packed[1]), float(packed[2])
         if n_bad or not math.isfinite(grad_norm):
             local_bad = bad_loss or not math.isfinite(float(grad_sq))
@@ -198,7 +197,7 @@ class Trainer:
             dist.all_reduce(first, op=dist.ReduceOp.MIN)
             what, value = ("loss", local_loss) if n_bad else ("gradient norm", float(packed[0]))
             raise NonFiniteError(what, step, min(int(first), dist.get_world_size() - 1), value)
-        return grad_norm, job_loss
+        return grad_norm, job_loss, barrier_s
 
     def step(self, step: int, stats: bool = False) -> StepResult:
         """Run one optimizer step; phases in seconds. With `stats`, also take per-layer norms."""
@@ -221,7 +220,7 @@ class Trainer:
         if self.plan.layout.zero == 0 and self.topo.replica_mesh is not None:
             all_reduce_gradients(self.params, self.topo.replica_mesh.get_group(), comm)
         grads = gradient_norms(self.parts) if stats else {}
-        grad_norm, job_loss = self._reduce_metrics(step, losses)
+        grad_norm, job_loss, barrier_s = self._reduce_metrics(step, losses)
         lr = learning_rate(self.plan, step)
         clip_gradients(self.params, grad_norm, self.plan.training.grad_clip)
         for group in self.optimizer.param_groups:
@@ -230,11 +229,11 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         self._sync()
         end = time.perf_counter()
-        phases = self._phases(data_wait, compute_end - start - data_wait, end - start)
+        phases = self._phases(data_wait, compute_end - start - data_wait, end - start, barrier_s)
         local = sum(losses) / len(losses) if losses else None
         return StepResult(step, local, job_loss, grad_norm, lr, phases, end - start, dict(activations), grads)
 
-    def _phases(self, data_wait: float, compute_wall: float, step_s: float) -> dict[str, float]:
+    def _phases(self, data_wait: float, compute_wall: float, step_s: float, barrier_s: float) -> dict[str, float]:
         """Split the step's time: each stretch (compute chunks, the schedule between them, after them) less the
         collectives measured inside it, the collectives by axis, then what is left."""
         forward, backward = self.clock.reset()
@@ -251,8 +250,7 @@ class Trainer:
         }
         # The job-wide norm all-reduce before the optimizer waits for the slowest rank: waiting for peers, as the
         # twin's step-end barrier counts it (plan.records: bubble), not optimizer work.
-        barrier, self.barrier_s = self.barrier_s, 0.0
-        phases["bubble"] += barrier
-        phases["optimizer"] = max(0.0, step_s - data_wait - compute_wall - comm.during("post") - barrier)
+        phases["bubble"] += barrier_s
+        phases["optimizer"] = max(0.0, step_s - data_wait - compute_wall - comm.during("post") - barrier_s)
         phases["other"] = max(0.0, step_s - sum(phases.values()))
         return phases

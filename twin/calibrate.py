@@ -86,7 +86,7 @@ KNOBS: tuple[Knob, ...] = (
     # the CPU a layout burns, and on this VM dp2 (a rank per core) and dp8 (four per core) spend the same
     # forward+backward CPU-seconds per sequence: 2 ranks x 0.065 s at a full core, 8 x 0.066 s at a quarter.
     # A host whose SMT or hypervisor gives more than its cores says so in its profile.
-    Knob("node.wakeup_latency_us", 1.0, 1e5, start=2000.0, exercised=lambda p: p.layout.world_size > 2),
+    Knob("node.wakeup_latency_us", 1.0, 1e5, start=2000.0, exercised=lambda p: p.layout.world_size > 1),
     # node.intra.bandwidth_GBps comes from the collective sweep (`twin bench`): the tiny calibration models move
     # kilobytes, which say little about bandwidth and let it absorb latency-bound costs.
     # ZeRO 0's reduction overlaps by construction or not at all (the executor: not at all; the base profile says

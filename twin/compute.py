@@ -19,7 +19,8 @@ from plan.schema import ModelSpec
 DTENSOR_OPS_FORWARD = 4
 """Ops a tensor-parallel linear dispatches on DTensors in its forward, each paying the sharded per-op cost: aten.t,
 view, mm and _unsafe_view (a 3-D input is flattened around the matmul). Counted with a TorchDispatchMode around
-the executor's TP layers (apply_tensor_parallel, torch 2.13): 116 such ops for cpu-tiny's 29 TP linears."""
+the executor's TP layers (apply_tensor_parallel, torch 2.13): 116 such ops for cpu-tiny's 29 TP linears;
+tests/test_dtensor_op_counts.py counts them again on every run."""
 
 DTENSOR_OPS_BACKWARD = 9
 """The same linear's DTensor ops in backward, its input- and weight-gradient GEMMs together: 4 t, 2 view, 2 mm and

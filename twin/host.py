@@ -74,6 +74,9 @@ class _Load:
         self.marks.append(t)
 
     def mean(self, start: float, end: float) -> float:
+        """The count's mean over [start, end]; its latest value where the window is empty."""
+        if end <= start:
+            return self.points[-1][1]
         return (self.integral(end) - self.integral(start)) / (end - start)
 
 
@@ -107,9 +110,6 @@ class SharedCores:
         now = self.env.now
         start = max(0.0, now - window_s)
         own = self.owner_load.get(owner)
-        if now <= start:
-            mine = sum(self.weight for job in self.jobs.values() if job[2] == owner)
-            return self.busy_processes() - mine
         return self.load.mean(start, now) - (own.mean(start, now) if own else 0.0)
 
     def _changed(self, owners: set[int]) -> None:

@@ -153,19 +153,19 @@ class _Sim:
         self.events += 1
         return self.pools[rank // self.inp.host.ranks_per_pool].run(seconds, owner=rank)
 
-    def wakeup(self, rank: int, slept_s: float) -> simpy.Event:
-        """The delay before a rank that a message wakes runs again. On a CPU host whose busy processes fill the
-        physical cores, it waits for a core (HostSharing.wakeup_s) for the share of its processes that find none.
-        A wait shorter than that latency counts in proportion (`slept_s`), so a prediction does not jump as a
-        message arrives just before or after its receiver asks for it. (Collectives inside actions price their
-        rounds' scheduling with host.blocked_stretch instead.)"""
+    def wakeup_s(self, rank: int, slept_s: float) -> float:
+        """Seconds before a rank that a message wakes runs again; 0 off CPU hosts, where no event is spent on it.
+        On a CPU host whose busy processes fill the physical cores, it waits for a core (HostSharing.wakeup_s) for
+        the share of its processes that find none. A wait shorter than that latency counts in proportion
+        (`slept_s`), so a prediction does not jump as a message arrives just before or after its receiver asks
+        for it. (Collectives inside actions price their rounds' scheduling with host.blocked_stretch instead.)"""
         host = self.inp.host
         if not self.pools or host is None or host.wakeup_s <= 0:
-            return self.timeout(0.0)
+            return 0.0
         runnable = self.pools[rank // host.ranks_per_pool].others_busy(rank, host.wakeup_s) + host.weight
         short = min(1.0, max(0.0, (runnable - host.physical_cores) / host.weight))
         slept = min(1.0, slept_s / host.wakeup_s)
-        return self.timeout(host.wakeup_s * short * slept)
+        return host.wakeup_s * short * slept
 
     def _final_grad_actions(self) -> set[Action]:
         kind = "W" if self.inp.split_w else "B"
@@ -226,10 +226,10 @@ class _Sim:
                 on_wire = min(waited, max(0.0, self.env.now - self.sent_at.get(key, self.env.now)))
                 times.pp += on_wire
                 times.bubble += waited - on_wire
-                if waited > 0:
-                    t0 = self.env.now
-                    yield self.wakeup(rank, waited)
-                    times.bubble += self.env.now - t0
+                late = self.wakeup_s(rank, waited) if waited > 0 else 0.0
+                if late > 0:
+                    yield self.timeout(late)
+                    times.bubble += late
             if a.kind == "F" and a.stage in self.gathered and a.stage not in first_forward:
                 first_forward.add(a.stage)
                 t0 = self.env.now
@@ -265,7 +265,9 @@ class _Sim:
             self.barrier.succeed()
         else:
             yield self.barrier
-            yield self.wakeup(rank, self.env.now - start)
+            late = self.wakeup_s(rank, self.env.now - start)
+            if late > 0:
+                yield self.timeout(late)
         yield self.timeout(self.inp.barrier_s)
         times.bubble += self.env.now - start
 
