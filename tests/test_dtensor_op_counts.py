@@ -7,13 +7,13 @@ fails here rather than silently skewing calibration.
 
 from __future__ import annotations
 
-import socket
 from collections import Counter
 from typing import Any
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from test_executor_dist import free_port  # pytest puts tests/ on the path
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -66,7 +66,5 @@ def _worker(rank: int, port: int) -> None:
 
 
 def test_twin_dtensor_op_counts_match_the_executors_tp_layers() -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     mp.spawn(_worker, args=(port,), nprocs=2, join=True)

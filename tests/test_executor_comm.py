@@ -5,7 +5,6 @@ comm_pp where those axes exist, and exact zeros where no axis has two ranks."""
 from __future__ import annotations
 
 import datetime as dt
-import socket
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -17,7 +16,7 @@ import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 import torch.distributed.pipelining.schedules as schedules
 import torch.multiprocessing as mp
-from test_executor_dist import SINGLE, run_variants  # pytest puts tests/ on the path; one gang launcher
+from test_executor_dist import SINGLE, free_port, run_variants  # pytest puts tests/ on the path; one gang launcher
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Partial, Replicate
 
@@ -83,9 +82,7 @@ def _timer_worker(rank: int, port: int) -> None:
 
 
 def test_timer_charges_blocked_time_to_the_axis_and_phase_and_caps_pipeline_waits() -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     mp.spawn(_timer_worker, args=(port,), nprocs=2, join=True)
 
 

@@ -6,13 +6,13 @@ from __future__ import annotations
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+from test_executor_dist import free_port  # pytest puts tests/ on the path
 
 from plan.records import EventRecord, StepRecord, iter_records
 
@@ -22,9 +22,7 @@ SINGLE = ["--set", "layout.dp=1", "--set", "layout.tp=1", "--set", "layout.pp=1"
 
 def executor(args: list[str], tmp: Path, timeout: int = 180) -> subprocess.CompletedProcess[str]:
     """`python -m executor.train ...` as a world of one (no torchrun), on a free loopback port."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     env = {**os.environ, "PYTHONPATH": str(ROOT), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
     cmd = [sys.executable, "-m", "executor.train", *args]
     return subprocess.run(cmd, cwd=tmp, env=env, capture_output=True, text=True, timeout=timeout, check=False)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import datetime as dt
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +13,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from test_executor_dist import free_port  # pytest puts tests/ on the path
 
 from executor.commtime import CommTimer
 from executor.context_parallel import AllGatherAttention, local_positions, shard_sequence
@@ -108,9 +108,7 @@ def _cp_worker(rank: int, port: int) -> None:
 
 
 def test_all_gather_attention_matches_unsharded_attention_and_gradients() -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     mp.spawn(_cp_worker, args=(port,), nprocs=2, join=True)
 
 
