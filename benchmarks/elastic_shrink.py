@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from plan.records import EventRecord, StepRecord, iter_records  # noqa: E402
-from twin.launch import free_port  # noqa: E402
+from twin.cli.launch import free_port  # noqa: E402
 
 SETTINGS = {
     "default": "",  # torch's: keep-alive every 5 s, dead after 3 missed; last call 30 s

@@ -26,8 +26,8 @@ sys.path.insert(0, str(ROOT))
 
 from plan import loader  # noqa: E402
 from plan.records import EventRecord, iter_records  # noqa: E402
-from plan.schema import FAULT_KINDS  # noqa: E402
-from twin.launch import child_env, torchrun_command  # noqa: E402
+from plan.reliability import FAULT_KINDS  # noqa: E402
+from twin.cli.launch import child_env, torchrun_command  # noqa: E402
 
 SETS = ["layout.dp=2", "layout.tp=1", "layout.pp=1", "reliability.checkpoint_every_steps=2"]
 SETS += ["reliability.heartbeat_timeout_s=3", "reliability.checkpoint=sync"]

@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.table import Table
 
 from plan import loader
-from twin.predict import predict
+from twin.step.predict import predict
 
 CASES = {
     "8 GPUs: Llama 3 8B, TP8, one DGX H100": (

@@ -9,17 +9,20 @@ Writes benchmarks/results/published_figures.json. Run: `python benchmarks/publis
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script: the repo root
+
+from benchmarks.published import LLAMA3_TABLE_4, NARAYANAN_TABLE_1, megatron_plan, megatron_tflops, scaled_cluster
 from plan import loader
 from plan.loader import load_cluster
-from twin.collectives import InNetwork, collective_time
-from twin.fabric import Fabric
-from twin.predict import predict
-from twin.published import LLAMA3_TABLE_4, NARAYANAN_TABLE_1, megatron_plan, megatron_tflops, scaled_cluster
+from twin.step.collectives import InNetwork, collective_time
+from twin.step.fabric import Fabric
+from twin.step.predict import predict
 
 NCCL = [  # (cluster, algorithm, published busbw GB/s, source)
     ("dgx-h100-superpod", "ring", 367.6, "8xH200 16 GiB, NVLS off (stas00 ml-engineering)"),

@@ -17,7 +17,7 @@ from rich.table import Table
 
 from plan import loader
 from plan.loader import PlanError
-from twin.predict import predict
+from twin.step.predict import predict
 
 LAYOUTS = {  # name -> overrides; every one uses ~100k H100s
     "TP8 PP16 DP781 (seeds)": ["layout.tp=8", "layout.pp=16", "layout.cp=1", "layout.dp=781"],

@@ -11,6 +11,7 @@ Writes benchmarks/results/run_policies.json. Run: `python benchmarks/run_policie
 from __future__ import annotations
 
 import json
+import sys
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -18,10 +19,12 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script: the repo root
+
+from benchmarks.published import LLAMA3_TABLE_5
 from plan import loader
-from twin.predict import predict
-from twin.published import LLAMA3_TABLE_5
-from twin.runs import run_seeds, setup, simulate_run, summarise
+from twin.run.summary import run_seeds, setup, simulate_run, summarise
+from twin.step.predict import predict
 
 SEEDS = 100
 SLACK = ["layout.dp=760", "training.global_batch=24320", "reliability.hot_spares=128"]

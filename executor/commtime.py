@@ -26,7 +26,7 @@ rank cannot observe. The rule: at start-up each rank ping-pongs its pipeline nei
 fits a one-way time t(n) = latency + n · s_per_byte (`ping_link`). Each batch of sends and receives a schedule posts
 gets the budget t(bytes of the batch); the time spent posting it and waiting on its works counts as comm_pp up to
 that budget, and the rest is waiting for a peer that had not yet produced — bubble. Sends get the same cap, since
-gloo and NCCL sends may also block until the receiver is ready. This is the twin's rule (twin/pipeline.py: waiting
+gloo and NCCL sends may also block until the receiver is ready. This is the twin's rule (twin/step/pipeline.py: waiting
 is pipeline communication while the message is on the wire, bubble otherwise) with the wire time estimated. It
 undercounts transfers slowed by contention beyond what the start-up ping saw, and counts a wait that is really
 for the peer as transfer up to one message time.

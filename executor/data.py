@@ -22,7 +22,7 @@ import torch
 from pydantic import NonNegativeInt
 
 from plan.records import DataVersion
-from plan.schema import Section
+from plan.section import Section
 
 BYTE_VOCAB: Final = 256
 SHARD_TOKENS: Final = 1 << 20  # 1 Mi tokens (2 MiB) per shard keeps each file small and memory-mapped cheaply

@@ -36,7 +36,8 @@ from torch.distributed.tensor import DTensor
 from executor.engine import Trainer
 from executor.health import Health
 from executor.parallel import LayoutError
-from plan.schema import FaultSpec, Plan
+from plan.reliability import FaultSpec
+from plan.schema import Plan
 
 EXIT_INJECTED = 17
 RESTART_KINDS = ("crash", "hang", "ckpt-crash")

@@ -4,7 +4,8 @@ from plan.cluster import Cluster
 from plan.loader import PlanError, load, load_cluster, plan_cluster
 from plan.model_math import model_flops_per_token, param_count
 from plan.rank_grid import RankGrid
-from plan.schema import Layout, ModelSpec, Plan, Reliability, Training
+from plan.reliability import Reliability
+from plan.schema import Layout, ModelSpec, Plan, Training
 
 __all__ = [
     "Cluster",

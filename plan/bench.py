@@ -14,7 +14,7 @@ from typing import Final, Literal
 from pydantic import NonNegativeFloat, PositiveFloat, PositiveInt
 
 from plan.records import read_json_file
-from plan.schema import Section
+from plan.section import Section
 
 BENCH_SCHEMA_VERSION: Final = 1
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "p2p")

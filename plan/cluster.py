@@ -12,7 +12,7 @@ from typing import Final, Literal
 
 from pydantic import Field, NonNegativeFloat, PositiveFloat, PositiveInt, field_validator, model_validator
 
-from plan.schema import Section
+from plan.section import Section
 
 CLUSTER_SCHEMA_VERSION: Final = 1
 

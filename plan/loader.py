@@ -213,12 +213,17 @@ def plan_data(source: str | Path, overrides: Iterable[str] = ()) -> tuple[dict[s
             data["model"] = value
         else:
             rest.append(item)
+    return apply_overrides(expand_model(data, describe_origin(path)), rest), path
+
+
+def expand_model(data: dict[str, Any], origin: str) -> dict[str, Any]:
+    """`data` with a model given by preset name replaced by that preset's architecture."""
     if isinstance(data.get("model"), str):
         try:
-            data["model"] = _model_preset(data["model"])
+            return {**data, "model": _model_preset(data["model"])}
         except PlanError as exc:
-            raise PlanError(f"{describe_origin(path)}: {exc}") from None
-    return apply_overrides(data, rest), path
+            raise PlanError(f"{origin}: {exc}") from None
+    return data
 
 
 def validate_plan(data: Mapping[str, Any], origin: str = "plan", relative_to: Path | None = None) -> Plan:

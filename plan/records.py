@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING, Annotated, Any, Final, Literal, TypeVar
 
 from pydantic import BaseModel, Field, NonNegativeFloat, NonNegativeInt, TypeAdapter, ValidationError
 
-from plan.schema import Plan, Section
+from plan.schema import Plan
+from plan.section import Section
 
 if TYPE_CHECKING:
     import pandas as pd

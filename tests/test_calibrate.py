@@ -13,11 +13,11 @@ from plan.cluster import Cluster
 from plan.rank_grid import RankGrid
 from plan.records import Phases, RankCoords, RunManifest, StepRecord
 from plan.schema import Plan
-from twin.calibrate import Calibrator, Fit, calibrated_profile, get_field, predict_with_interval, with_fields
-from twin.measured import read_measurements
-from twin.predict import predict
+from twin.calibrate.fit import Calibrator, Fit, calibrated_profile, get_field, predict_with_interval, with_fields
+from twin.calibrate.measured import read_measurements
+from twin.step.predict import predict
 
-TRUE = {  # the knobs twin.calibrate fits, at values far from the catalogue's
+TRUE = {  # the knobs twin.calibrate.fit fits, at values far from the catalogue's
     "compute.kernel_overhead_us": 40.0,
     "compute.layer_overhead_us": 300.0,
     "compute.sharded_kernel_overhead_us": 120.0,
@@ -148,7 +148,7 @@ def test_calibrate_command_writes_a_profile_plans_can_name(
 
     from typer.testing import CliRunner
 
-    from twin.cli import app
+    from twin.cli.app import app
 
     dirs = synthetic[2]
     out = tmp_path / "fitted.yaml"
@@ -167,7 +167,7 @@ def test_calibrate_command_writes_a_profile_plans_can_name(
 def test_calibrate_rejects_runs_of_another_cluster(synthetic: tuple[Cluster, Cluster, list[Path]]) -> None:
     from typer.testing import CliRunner
 
-    from twin.cli import app
+    from twin.cli.app import app
 
     result = CliRunner().invoke(app, ["calibrate", str(synthetic[2][0]), "--cluster", "single-h100"])
     assert result.exit_code == 2

@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from plan.bench import COLLECTIVES, bus_factor, read_bench
-from twin.cli import app
+from twin.cli.app import app
 
 PLANS = Path(__file__).resolve().parent.parent / "plans" / "cpu-calibration"
 

@@ -11,7 +11,7 @@ import yaml
 from typer.testing import CliRunner
 
 from plan import loader
-from twin.cli import app
+from twin.cli.app import app
 
 runner = CliRunner()
 BROKEN = sorted((Path(__file__).parent / "data" / "broken").glob("*.yaml"))

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from plan.loader import load_cluster
-from twin.collectives import InNetwork, busbw_factor, collective_time, ring_time
-from twin.fabric import Fabric, GroupSpan
+from twin.step.collectives import InNetwork, busbw_factor, collective_time, ring_time
+from twin.step.fabric import Fabric, GroupSpan
 
 
 def span(n: int, busbw: float, latency: float) -> GroupSpan:

@@ -1,4 +1,4 @@
-"""The twin's DTensor op counts (twin/compute.py, twin/step_costs.py) are what the executor's TP layers dispatch.
+"""The twin's DTensor op counts (twin/step/compute.py, twin/step/costs.py) are what the executor's TP layers dispatch.
 
 Counted with a TorchDispatchMode around one step of cpu-tiny under TP 2 on two gloo ranks: each op whose arguments
 hold a DTensor pays the sharded per-op cost the twin prices. A torch upgrade that changes DTensor's decomposition
@@ -22,8 +22,8 @@ from torch.utils._pytree import tree_flatten
 from executor.model import build_stage_model
 from executor.parallel import apply_tensor_parallel
 from plan import loader
-from twin.compute import DTENSOR_OPS_BACKWARD, DTENSOR_OPS_FORWARD
-from twin.step_costs import ADAM_DTENSOR_OPS
+from twin.step.compute import DTENSOR_OPS_BACKWARD, DTENSOR_OPS_FORWARD
+from twin.step.costs import ADAM_DTENSOR_OPS
 
 
 class _CountDTensorOps(TorchDispatchMode):

@@ -15,7 +15,7 @@ from executor.parallel import LayoutError
 from plan import loader
 from plan.loader import PlanError
 from plan.records import EventRecord, RankCoords, StepRecord
-from twin.launch import parse_nnodes, summarise, summary_line, torchrun_command
+from twin.cli.launch import parse_nnodes, summarise, summary_line, torchrun_command
 
 
 def test_fit_world_rederives_dp_and_keeps_the_global_batch() -> None:

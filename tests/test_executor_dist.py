@@ -141,7 +141,7 @@ def test_readme_example_twin_execute_cpu_tiny(reference: dict[str, list[float]],
     from typer.testing import CliRunner
 
     from plan.records import StepRecord, iter_records, read_manifest
-    from twin.cli import app
+    from twin.cli.app import app
 
     run_dir = tmp_path / "run"
     result = CliRunner().invoke(app, ["execute", "cpu-tiny", "--steps", str(STEPS), "--out", str(run_dir), "--json"])

@@ -26,8 +26,8 @@ from typer.testing import CliRunner
 
 from plan import loader
 from plan.records import EventRecord, StepRecord, iter_records
-from twin.cli import app
-from twin.launch import child_env, free_port, torchrun_command
+from twin.cli.app import app
+from twin.cli.launch import child_env, free_port, torchrun_command
 
 ROOT = Path(__file__).resolve().parent.parent
 SETS = ["reliability.checkpoint_every_steps=2", "reliability.heartbeat_timeout_s=10"]

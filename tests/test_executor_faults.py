@@ -1,7 +1,7 @@
 """The executor under faults, on real gloo ranks: kill-and-resume is bit-identical, a checkpoint reloads under
 another dp (and tp) degree with the same losses, and every injected fault kind is detected and survived.
 
-Runs go through `twin.launch.torchrun_command`, the command `twin execute` starts, so torchrun's restarts
+Runs go through `twin.cli.launch.torchrun_command`, the command `twin execute` starts, so torchrun's restarts
 (`--max-restarts`, c10d rendezvous) are the real ones. Starting ranks dominates the cost on a 2-core machine, so
 each test launches as few gangs as it can and the fault test strikes every kind in one run.
 """
@@ -19,7 +19,7 @@ from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 from executor.ckpt_store import committed, verify
 from plan import loader
 from plan.records import EventRecord, StepRecord, iter_records
-from twin.launch import child_env, summarise, torchrun_command
+from twin.cli.launch import child_env, summarise, torchrun_command
 
 ROOT = Path(__file__).resolve().parent.parent
 DP2 = ["layout.tp=1", "layout.pp=1", "layout.dp=2"]

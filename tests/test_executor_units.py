@@ -25,7 +25,7 @@ from executor.pipeline import stage_layer_ids, stages_of_rank
 from executor.sanity import SpikeDetector
 from executor.telemetry import peak_flops_per_rank, stragglers
 from plan import loader
-from twin.launch import torchrun_command
+from twin.cli.launch import torchrun_command
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -167,6 +167,6 @@ def test_twin_execute_builds_a_loopback_torchrun_command() -> None:
 
 
 def test_twin_does_not_import_the_executor() -> None:
-    code = "import sys, twin.cli, twin.launch; sys.exit(any(m.startswith('executor') for m in sys.modules))"
+    code = "import sys, twin.cli, twin.cli.launch; sys.exit(any(m.startswith('executor') for m in sys.modules))"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     assert subprocess.run([sys.executable, "-c", code], env=env, check=False).returncode == 0

@@ -9,7 +9,7 @@ import pytest
 
 from plan.loader import load_cluster
 from plan.rank_grid import RankGrid
-from twin.fabric import Fabric
+from twin.step.fabric import Fabric
 
 
 @pytest.fixture(scope="module")

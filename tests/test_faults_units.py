@@ -15,8 +15,8 @@ from executor.faults import flip_bit, weight_checksum
 from executor.health import Beat, diagnose
 from executor.train import _peer_failure
 from plan import loader
-from plan.schema import FaultSpec
-from twin.cli import app
+from plan.reliability import FaultSpec
+from twin.cli.app import app
 
 
 def test_fault_grammar_and_its_one_line_errors() -> None:

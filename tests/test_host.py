@@ -1,14 +1,14 @@
-"""Processor sharing of host cores (twin/host.py) against its closed forms, and its effect on CPU predictions."""
+"""Processor sharing of host cores (twin/step/host.py) against its closed forms, and its effect on CPU predictions."""
 
 import pytest
 import simpy
 
 from plan import loader
-from twin.calibrate import with_fields
-from twin.host import HostSharing, SharedCores
-from twin.pipeline import ActionCost, PipelineInput, PipelineResult, simulate
-from twin.predict import predict
-from twin.schedules import build
+from twin.calibrate.fit import with_fields
+from twin.step.host import HostSharing, SharedCores
+from twin.step.pipeline import ActionCost, PipelineInput, PipelineResult, simulate
+from twin.step.predict import predict
+from twin.step.schedules import build
 
 
 def _finish_times(cores: float, weight: float, jobs: list[tuple[float, float]]) -> list[float]:

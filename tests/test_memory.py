@@ -6,8 +6,8 @@ import pytest
 
 from plan import loader
 from plan.model_math import param_count
-from twin.memory import activation_bytes, rank_state_bytes
-from twin.predict import predict
+from twin.step.memory import activation_bytes, rank_state_bytes
+from twin.step.predict import predict
 
 
 @pytest.mark.parametrize("model", ["llama3-8b", "gpt3-175b", "tiny"])

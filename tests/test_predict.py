@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
+from benchmarks.published import LLAMA3_TABLE_4
 from plan import loader
-from twin.cli import app
-from twin.predict import PredictOptions, predict, straggler_factor
-from twin.published import LLAMA3_TABLE_4
+from twin.cli.app import app
+from twin.step.predict import PredictOptions, predict, straggler_factor
 
 BREAKDOWN = {
     "compute",

@@ -8,11 +8,11 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from benchmarks.published import LLAMA3_TABLE_5
 from plan import loader
-from twin.published import LLAMA3_TABLE_5
-from twin.reliability import CheckpointCost, daly_interval_s, young_interval_s
-from twin.run import RunSetup, Segment
-from twin.runs import run_seeds, setup, simulate_run, summarise, sweep_checkpoint
+from twin.run.reliability import CheckpointCost, daly_interval_s, young_interval_s
+from twin.run.state import RunSetup, Segment
+from twin.run.summary import run_seeds, setup, simulate_run, summarise, sweep_checkpoint
 
 
 def synthetic(mtbf_h: float, cost_s: float, useful_h: float, interval_s: float = 600.0) -> RunSetup:

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from twin.predict import StepPrediction
+from twin.step.predict import StepPrediction
 
 NAMES = {"F": "forward", "B": "backward", "W": "weight-grad"}
 

@@ -1,4 +1,7 @@
-"""`twin execute`: run a plan's layout for real by starting `torchrun -m executor.train` as a subprocess.
+"""Launching the executor: the torchrun command for a plan, its environment, and what a finished run did.
+
+The only place the project starts the executor (`torchrun -m executor.train`) as a subprocess; `twin execute` and
+`twin.api.execute` call `launch` here.
 
 The twin never imports the executor (DESIGN.md: the plan and the run records are their only contract); it builds
 the torchrun command for the plan's world size, runs it, and reads back the records it wrote. A single-node run
@@ -14,36 +17,28 @@ from the last checkpoint with a smaller dp.
 
 from __future__ import annotations
 
-import json
+import contextlib
 import os
+import signal
 import socket
 import statistics
 import subprocess
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 
-import typer
-from rich.console import Console
-
-from plan import loader
 from plan.loader import PlanError
 from plan.records import EventRecord, RecordError, StepRecord, iter_records
-from plan.schema import FAULT_KINDS, FaultSpec, Plan
+from plan.reliability import FaultSpec
+from plan.schema import Plan
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-console = Console()
+REPO_ROOT = Path(__file__).resolve().parents[2]
 ELASTIC_RESTARTS = 3  # default restarts of an elastic run: a few lost nodes before giving up
-
-# The same options as twin.cli's (which registers this command and wraps it in its `user_errors`); repeated here
-# so this module does not import the CLI that imports it.
-PlanArg = Annotated[str, typer.Argument(help="A plan YAML path or a preset name (see `twin presets`).")]
-SetOpt = Annotated[
-    list[str] | None,
-    typer.Option("--set", "-s", help="Override a field: section.field=value (repeatable), e.g. layout.tp=4."),
-]
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print exactly one JSON object on stdout.")]
+DEFAULT_TIMEOUT_S = 24 * 3600.0
+"""Wall limit of one executor launch unless the caller sets one: a day, far beyond any run this project starts
+on a CPU host, but finite, so a wedged gang cannot hold a terminal or a test forever."""
 
 
 def free_port() -> int:
@@ -196,61 +191,92 @@ def summary_line(summary: dict[str, Any], plan: Plan, run_dir: Path) -> str:
     )
 
 
-def execute(
-    plan: PlanArg,
-    overrides: SetOpt = None,
-    steps: Annotated[int, typer.Option(min=1, help="Optimizer steps to run.")] = 10,
-    device: Annotated[str, typer.Option(help="cpu (gloo) or cuda (NCCL).")] = "cpu",
-    out: Annotated[Path | None, typer.Option(help="Run directory (default runs/<plan>-<time>).")] = None,
-    nnodes: Annotated[
-        str, typer.Option(help="Nodes, N or MIN:MAX (elastic: world_size / MAX ranks per node; passed to torchrun).")
-    ] = "1",
-    node_rank: Annotated[int, typer.Option(min=0, help="This node's rank (passed to torchrun).")] = 0,
-    master_addr: Annotated[str, typer.Option(help="Rendezvous host (passed to torchrun).")] = "127.0.0.1",
-    master_port: Annotated[int | None, typer.Option(help="Rendezvous port (default: a free one).")] = None,
-    inject: Annotated[
-        list[str] | None,
-        typer.Option(help="Inject a fault: KIND@STEP[:RANK], KIND one of " + ", ".join(FAULT_KINDS) + " (repeatable)."),
-    ] = None,
-    max_restarts: Annotated[
-        int | None,
-        typer.Option(
-            min=0, help="Gang restarts torchrun allows (default: one per crash, hang, ckpt-crash; elastic: at least 3)."
-        ),
-    ] = None,
-    rdzv_conf: Annotated[
-        str | None,
-        typer.Option(help="torchrun's --rdzv-conf, e.g. last_call_timeout=2,keep_alive_interval=1 (elastic)."),
-    ] = None,
-    as_json: JsonOpt = False,
-) -> None:
-    """Run the plan's parallel layout for real with torchrun and the executor; records go to the run directory."""
+@dataclass(frozen=True)
+class Launch:
+    """A finished executor launch: how it ended, where it wrote, and rank 0's summary of what ran."""
+
+    returncode: int
+    run_dir: Path
+    world_size: int
+    summary: dict[str, Any] = field(default_factory=dict)
+    error: str | None = None
+    """The last line the gang printed on stderr when it failed (captured launches only)."""
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0
+
+    def to_json(self) -> dict[str, Any]:
+        extra = {"error": self.error} if self.error else {}
+        return {"ok": self.ok, "returncode": self.returncode, "run_dir": str(self.run_dir),
+                "world_size": self.world_size, **self.summary, **extra}  # fmt: skip
+
+
+def run_gang(cmd: list[str], env: dict[str, str], capture: bool, timeout_s: float) -> tuple[int, str]:
+    """Run a torchrun command in its own process group; past `timeout_s` (or on Ctrl-C) the whole group — torchrun
+    and every rank it started — is killed, so no rank outlives the launch. Returns (exit code, stderr)."""
+    pipe = subprocess.PIPE if capture else None
+    proc = subprocess.Popen(cmd, env=env, stdout=pipe, stderr=pipe, text=True, start_new_session=True)
+    try:
+        _, stderr = proc.communicate(timeout=timeout_s)
+        return proc.returncode, stderr or ""
+    except subprocess.TimeoutExpired:
+        _kill_group(proc)
+        return 124, f"the executor ran past its wall limit of {timeout_s:.0f} s and was stopped; raise the limit"
+    except KeyboardInterrupt:
+        _kill_group(proc)
+        raise
+
+
+def _kill_group(proc: subprocess.Popen[str]) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.communicate()
+
+
+def default_max_restarts(faults: tuple[FaultSpec, ...], elastic: bool) -> int:
+    """One restart per rank-killing fault; an elastic gang at least ELASTIC_RESTARTS (a lost node stops the gang
+    and the nodes left need a restart to go on)."""
+    restarts = sum(f.kind in ("crash", "hang", "ckpt-crash") for f in faults)
+    return max(restarts, ELASTIC_RESTARTS) if elastic else restarts
+
+
+def launch(
+    plan_source: str,
+    plan: Plan,
+    *,
+    overrides: list[str],
+    steps: int,
+    device: str,
+    out: Path,
+    nnodes: str = "1",
+    node_rank: int = 0,
+    master_addr: str = "127.0.0.1",
+    master_port: int | None = None,
+    inject: list[str] | None = None,
+    max_restarts: int | None = None,
+    rdzv_conf: str | None = None,
+    capture: bool = False,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+) -> Launch:
+    """Run `plan` under torchrun until it ends (or `timeout_s` passes, which kills the gang) and summarise it.
+
+    With `capture`, the gang's output is collected instead of shown (its last stderr line becomes `error`)."""
     if device not in ("cpu", "cuda"):
         raise PlanError(f"--device {device!r}: use cpu or cuda")
-    p = loader.load(plan, overrides or [])
-    faults = plan_faults(p, inject or [])
+    faults = plan_faults(plan, inject or [])
     least, most = parse_nnodes(nnodes)
-    if max_restarts is None:
-        max_restarts = sum(f.kind in ("crash", "hang", "ckpt-crash") for f in faults)
-        if least < most:  # losing a node is a failure to torchrun: the nodes left need a restart to go on
-            max_restarts = max(max_restarts, ELASTIC_RESTARTS)
-    run_dir = out or Path("runs") / f"{p.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    restarts = default_max_restarts(faults, least < most) if max_restarts is None else max_restarts
     cmd = torchrun_command(
-        plan, p, overrides=overrides or [], steps=steps, device=device, out=run_dir, nnodes=nnodes,
+        plan_source, plan, overrides=overrides, steps=steps, device=device, out=out, nnodes=nnodes,
         node_rank=node_rank, master_addr=master_addr, master_port=master_port, inject=inject,
-        max_restarts=max_restarts, rdzv_conf=rdzv_conf,
+        max_restarts=restarts, rdzv_conf=rdzv_conf,
     )  # fmt: skip
     launched = time.time()
-    result = subprocess.run(cmd, env=child_env(most, master_addr), capture_output=as_json, text=True, check=False)
+    code, stderr = run_gang(cmd, child_env(most, master_addr), capture, timeout_s)
     try:
-        summary = summarise(run_dir, launched) if (run_dir / "records.jsonl").exists() else {"steps": 0}
+        summary = summarise(out, launched) if (out / "records.jsonl").exists() else {"steps": 0}
     except RecordError as exc:
         summary = {"steps": 0, "records_error": str(exc)}
-    if as_json:
-        tail = (result.stderr or "").strip().splitlines()[-1:] if result.returncode else []
-        print(json.dumps({"ok": result.returncode == 0, "returncode": result.returncode, "run_dir": str(run_dir),
-                   "world_size": p.layout.world_size, **summary, **({"error": tail[0]} if tail else {})}))  # fmt: skip
-    elif result.returncode == 0 and summary["steps"]:
-        console.print(summary_line(summary, p, run_dir), highlight=False, soft_wrap=True)
-    if result.returncode:
-        raise typer.Exit(result.returncode)
+    tail = stderr.strip().splitlines()[-1:] if code else []
+    return Launch(code, out, plan.layout.world_size, summary, tail[0] if tail else None)

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Literal
 
-from twin.fabric import GroupSpan
+from twin.step.fabric import GroupSpan
 
 Op = Literal["all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "p2p"]
 Algorithm = Literal["ring", "tree", "hierarchical", "nvls", "sharp", "direct"]

@@ -1,5 +1,5 @@
 """Whole-run predictions: set a run up from a plan and its step model, run one seed or many, sweep the checkpoint
-interval. The simulation itself is twin/run.py."""
+interval. The simulation itself is twin/run/sim.py."""
 
 from __future__ import annotations
 
@@ -14,9 +14,10 @@ from plan.cluster import Cluster
 from plan.loader import PlanError
 from plan.rank_grid import RankGrid
 from plan.schema import Plan
-from twin.predict import PredictOptions, predict
-from twin.reliability import checkpoint_cost, daly_interval_s, job_failure_rates, young_interval_s
-from twin.run import RunSetup, RunSim
+from twin.run.reliability import checkpoint_cost, daly_interval_s, job_failure_rates, young_interval_s
+from twin.run.sim import RunSim
+from twin.run.state import RunSetup
+from twin.step.predict import PredictOptions, predict
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -216,6 +217,10 @@ class Sweep:
     optimum_min: float
     young_min: float
     daly_min: float
+    stall_s: float
+    """Training stall of one checkpoint (seconds)."""
+    mtbf_s: float
+    """Mean time between the job's interruptions (seconds)."""
 
 
 def sweep_checkpoint(run_setup: RunSetup, intervals_s: Iterable[float], seeds: Iterable[int]) -> Sweep:
@@ -242,4 +247,6 @@ def sweep_checkpoint(run_setup: RunSetup, intervals_s: Iterable[float], seeds: I
         optimum / 60,
         young_interval_s(delta, mtbf) / 60,
         daly_interval_s(delta, mtbf) / 60,
+        delta,
+        mtbf,
     )

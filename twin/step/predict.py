@@ -4,7 +4,7 @@ Every data-parallel replica does the same work on uniform hardware, so one repli
 (shared/DESIGN.md, "Scale without brute force"); the TP/CP/EP/DP groups of its ranks are placed on the fabric with
 the shared rank grid, and their collectives cost what the fabric says. Variation between ranks enters as the median
 of the slowest of N ranks' step-time multipliers, drawn from the extreme-value distribution of N lognormals.
-What each action, transfer and reduction costs comes from twin/step_costs.py; this module runs the simulation and
+What each action, transfer and reduction costs comes from twin/step/costs.py; this module runs the simulation and
 summarises it.
 """
 
@@ -19,13 +19,10 @@ from plan import loader
 from plan.cluster import Cluster
 from plan.model_math import model_flops_per_token
 from plan.schema import Plan
-from twin import schedules
-from twin.collectives import collective_time
-from twin.compute import Device, PassCost, head_cost
-from twin.memory import MemoryBreakdown, memory_breakdown, stage_layer_ranges, stage_params
-from twin.memory import activation_bytes as layer_activation_bytes
-from twin.pipeline import PipelineInput, PipelineResult, simulate
-from twin.step_costs import (
+from twin.step import schedules
+from twin.step.collectives import collective_time
+from twin.step.compute import Device, PassCost, head_cost
+from twin.step.costs import (
     NORM_REDUCTION_BYTES,
     PredictOptions,
     StepContext,
@@ -39,6 +36,9 @@ from twin.step_costs import (
     stage_costs,
     step_context,
 )
+from twin.step.memory import MemoryBreakdown, memory_breakdown, stage_layer_ranges, stage_params
+from twin.step.memory import activation_bytes as layer_activation_bytes
+from twin.step.pipeline import PipelineInput, PipelineResult, simulate
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """Reliability arithmetic for a whole run: failure rates of the job, checkpoint costs, Young/Daly intervals.
 
-Pure functions; the SimPy model of the run (twin/run.py) draws on them.
+Pure functions; the SimPy model of the run (twin/run/sim.py) draws on them.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from plan.cluster import Cluster
 from plan.model_math import param_count
 from plan.schema import Plan
-from twin.memory import OPTIMIZER_BYTES
+from twin.step.memory import OPTIMIZER_BYTES
 
 DCP_OVERHEAD_S = {"sync": 10.0, "async": 0.7, "in-memory": 0.7}
 """Fixed cost of one checkpoint beyond moving bytes (state-dict collection, planning, metadata, barrier). Async and

@@ -1,21 +1,19 @@
-"""How `twin run` prints a run, many runs, or a checkpoint-interval sweep (rich tables, or one JSON object)."""
+"""`twin run`: the whole training run — one seed, many seeds, or goodput against checkpoint interval — as rich
+tables or one JSON object."""
 
 from __future__ import annotations
 
-import json
-import sys
-from typing import Any
+from typing import Annotated
 
-import numpy as np
+import typer
 from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
 from plan.schema import Plan
-from twin.reliability import daly_interval_s
-from twin.runs import run_seeds, setup, simulate_run, summarise, sweep_checkpoint
+from twin import api
+from twin.cli.options import JsonOpt, PlanArg, SetOpt, console, emit_json
 
-console = Console()
 FIGURES = (
     ("wall_days", "wall days", "{:,.2f}"),
     ("goodput", "goodput (ETTR)", "{:.1%}"),
@@ -31,14 +29,30 @@ FIGURES = (
 )
 
 
-def _emit(obj: Any) -> None:
-    sys.stdout.write(json.dumps(obj, default=float) + "\n")
+def run_command(
+    plan: PlanArg,
+    overrides: SetOpt = None,
+    as_json: JsonOpt = False,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the first run.")] = 0,
+    seeds: Annotated[int, typer.Option("--seeds", min=1, help="Runs to simulate; >1 reports mean and 5th/95th.")] = 1,
+    sweep_checkpoint: Annotated[
+        bool, typer.Option("--sweep-checkpoint", help="Goodput against checkpoint interval, optimum vs Young/Daly.")
+    ] = False,
+) -> None:
+    """Simulate the whole training run: failures, checkpoints, recovery, goodput, cost and energy."""
+    p = api.load_plan(plan, overrides or [])
+    if sweep_checkpoint:
+        sweep(p, seed, seeds, as_json)
+    elif seeds > 1:
+        many(p, seed, seeds, as_json)
+    else:
+        single(p, seed, as_json)
 
 
 def single(plan: Plan, seed: int, as_json: bool) -> None:
-    result = simulate_run(setup(plan), seed)
+    result = api.simulate_run(plan, seed)
     if as_json:
-        _emit(result.to_json())
+        emit_json(result.to_json())
         return
     table = Table(
         title=f"{plan.name}: one run (seed {seed}), checkpoint every {result.checkpoint_interval_min:.1f} min"
@@ -52,15 +66,14 @@ def single(plan: Plan, seed: int, as_json: bool) -> None:
 
 
 def many(plan: Plan, first: int, count: int, as_json: bool) -> None:
-    run_setup = setup(plan)
     with Progress(console=Console(stderr=True), transient=True) as progress:
         task = progress.add_task(f"simulating {count} runs", total=count)
-        runs = run_seeds(run_setup, range(first, first + count), lambda: progress.advance(task))
-    stats = summarise(runs)
+        summary = api.simulate_runs(plan, range(first, first + count), lambda: progress.advance(task))
+    stats = summary.stats
     if as_json:
-        _emit({"plan": plan.name, "seeds": count, "ideal_days": runs[0].ideal_days, **stats})
+        emit_json({"plan": plan.name, "seeds": count, "ideal_days": summary.runs[0].ideal_days, **stats})
         return
-    table = Table(title=f"{plan.name}: {count} runs (ideal {runs[0].ideal_days:,.2f} days)")
+    table = Table(title=f"{plan.name}: {count} runs (ideal {summary.runs[0].ideal_days:,.2f} days)")
     for col in ("figure", "mean", "5th pct", "95th pct"):
         table.add_column(col, justify="left" if col == "figure" else "right")
     for key, label, fmt in FIGURES:
@@ -71,17 +84,13 @@ def many(plan: Plan, first: int, count: int, as_json: bool) -> None:
 
 
 def sweep(plan: Plan, first: int, count: int, as_json: bool) -> None:
-    run_setup = setup(plan)
-    mtbf = 1 / sum(run_setup.rates.values())
-    daly = daly_interval_s(run_setup.ckpt.stall_s, mtbf)
-    intervals = [daly * f for f in np.geomspace(0.25, 4.0, 13)]
-    result = sweep_checkpoint(run_setup, intervals, range(first, first + max(count, 3)))
+    result = api.sweep_checkpoint(plan, range(first, first + max(count, 3)))
     if as_json:
-        _emit(result.__dict__)
+        emit_json(result.__dict__)
         return
     table = Table(
         title=f"{plan.name}: goodput against checkpoint interval ({plan.reliability.checkpoint}, stall "
-        f"{run_setup.ckpt.stall_s:.1f} s, job MTBF {mtbf / 3600:.2f} h)"
+        f"{result.stall_s:.1f} s, job MTBF {result.mtbf_s / 3600:.2f} h)"
     )
     table.add_column("interval (min)", justify="right")
     table.add_column("goodput", justify="right")

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from plan.cluster import Cluster
 from plan.model_math import attention_params, mlp_params
 from plan.schema import Plan
-from twin.compute import ACT_BYTES
-from twin.schedules import stage_rank
+from twin.step.compute import ACT_BYTES
+from twin.step.schedules import stage_rank
 
 GiB = 2**30
 RESERVED_BYTES = 1.0 * GiB

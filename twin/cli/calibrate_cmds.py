@@ -1,7 +1,7 @@
 """`twin bench`, `twin calibrate` and `twin loop`: measure the host, fit a profile, and close the loop.
 
-Registered by twin.cli (which wraps each in its `user_errors`); the options repeat twin.cli's so this module does
-not import the CLI that imports it.
+Registered by twin.cli.app (which wraps each in its `user_errors`). The bench's torchrun is started here, in the
+CLI package, like every launch of the executor.
 """
 
 from __future__ import annotations
@@ -14,26 +14,27 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 import yaml
-from rich.console import Console
+from rich.progress import Progress
 from rich.table import Table
 
 from plan import loader
 from plan.loader import PlanError
-from twin.launch import REPO_ROOT, child_env, free_port
+from twin import api
+from twin.cli.launch import REPO_ROOT, child_env, free_port
+from twin.cli.options import BenchOpt, JsonOpt, console
 
 if TYPE_CHECKING:
     from plan.cluster import Cluster
-    from twin.loop import Calibrated
+    from twin.calibrate.loop import Calibrated
 
 # scipy, pandas and plotly load inside the commands: `twin predict` starts in under a second without them.
 
-console = Console()
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print exactly one JSON object on stdout.")]
 SetOpt = Annotated[
     list[str] | None,
     typer.Option("--set", "-s", help="Override a field of every plan: section.field=value (repeatable)."),
 ]
-BenchOpt = Annotated[Path | None, typer.Option("--bench", help="A bench.json from `twin bench`: where the fit starts.")]
+BENCH_TIMEOUT_S = 1800.0
+"""Wall limit of `twin bench`: the full CPU sweep takes a few minutes on 8 ranks of a 2-core host."""
 
 
 def bench(
@@ -48,9 +49,9 @@ def bench(
 ) -> None:
     """Microbenchmarks: a GEMM sweep, per-op costs and a collective sweep (nccl-tests algbw/busbw), fitted."""
     from plan.bench import read_bench
-    from twin.bench_fit import fit_bench
-    from twin.calibrate import get_field
-    from twin.loop import stamp
+    from twin.calibrate.bench_fit import fit_bench
+    from twin.calibrate.fit import get_field
+    from twin.calibrate.loop import stamp
 
     if device not in ("cpu", "cuda"):
         raise PlanError(f"--device {device!r}: use cpu or cuda")
@@ -59,7 +60,12 @@ def bench(
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(ranks)]
     cmd += ["--master-addr", "127.0.0.1", "--master-port", str(free_port()), "-m", "executor.bench"]
     cmd += ["--out", str(out), "--device", device] + (["--quick"] if quick else [])
-    result = subprocess.run(cmd, env=child_env(1), capture_output=True, text=True, check=False, cwd=REPO_ROOT)
+    try:
+        result = subprocess.run(
+            cmd, env=child_env(1), capture_output=True, text=True, check=False, cwd=REPO_ROOT, timeout=BENCH_TIMEOUT_S
+        )
+    except subprocess.TimeoutExpired:
+        raise PlanError(f"twin bench: the benchmark ran past {BENCH_TIMEOUT_S:.0f} s and was stopped") from None
     if result.returncode or not (out / "bench.json").exists():
         tail = (result.stderr.strip().splitlines() or ["no output"])[-1]
         raise PlanError(f"twin bench: the benchmark failed (exit {result.returncode}): {tail[:300]}")
@@ -115,13 +121,10 @@ def calibrate_command(
     as_json: JsonOpt = False,
 ) -> None:
     """Fit a cluster profile to executor runs; print measured, predicted before and after, and the error."""
-    from twin.loop import calibrate
-    from twin.loop_report import summary
-    from twin.measured import read_measurements
+    from twin.calibrate.report import summary
 
     base = loader.load_cluster(cluster)
-    data = read_measurements(runs)
-    result = calibrate(data, base, bench=bench_file, name=base.name)
+    result = api.calibrate(runs, base, bench=bench_file)
     path = out or loader.TOPOLOGY_DIR / "calibrated" / f"{base.name}.yaml"
     _write_profile(result.profile, path)
     if as_json:
@@ -144,8 +147,8 @@ def loop(
     as_json: JsonOpt = False,
 ) -> None:
     """Predict, execute, calibrate on all but the held-out plans, re-predict them; write report.md/.html."""
-    from twin.loop import calibrate, run_all, split, stamp
-    from twin.loop_report import summary, write_report
+    from twin.calibrate.loop import calibrate, run_all, split, stamp
+    from twin.calibrate.report import summary, write_report
 
     loaded = [loader.load(p, overrides or []) for p in plans]
     clusters = {p.cluster for p in loaded}
@@ -153,7 +156,14 @@ def loop(
         raise PlanError(f"twin loop: the plans name several clusters {sorted(clusters)}; loop over one at a time")
     base = loader.plan_cluster(loaded[0])
     out = out or Path("runs") / f"loop-{stamp()}"
-    dirs = run_all(plans, overrides or [], repeats, steps, out, device)
+    with Progress(transient=False) as bar:
+        task = bar.add_task("executing plans", total=len(plans) * repeats)
+
+        def started(label: str) -> None:
+            bar.update(task, description=label)
+            bar.advance(task)
+
+        dirs = run_all(plans, overrides or [], repeats, steps, out, device, started)
     fit_data, held = split(dirs, holdout)
     result = calibrate(fit_data, base, held, bench_file, name=base.name)
     _write_profile(result.profile, out / f"{base.name}.yaml")

@@ -56,7 +56,7 @@ class Device:
     ) -> Device:
         """The device a rank sees. A `cpu` accelerator's figures are per core: with `share_cores` the node's cores
         are split evenly among its ranks; without, the rank runs alone (the pipeline simulation then shares the
-        cores among the ranks busy at each moment, twin/host.py). `sharded` ops (tensor-parallel DTensors) pay
+        cores among the ranks busy at each moment, twin/step/host.py). `sharded` ops (tensor-parallel DTensors) pay
         the extra per-op dispatch cost."""
         acc, eff = cluster.accelerator, cluster.compute
         key = dtype if dtype in acc.peak_tflops else "bf16"
@@ -170,7 +170,7 @@ def layer_cost(
     backward_weight = gemm_bwd
     if recompute == "full":
         recompute_s, recompute_flops = forward, sum(gemms) + attn
-    elif recompute == "selective":  # attention core, norms, MLP activation (see twin/memory.py)
+    elif recompute == "selective":  # attention core, norms, MLP activation (see twin/step/memory.py)
         recompute_s, recompute_flops = attn_fwd + elem_fwd, attn
     else:
         recompute_s, recompute_flops = 0.0, 0.0

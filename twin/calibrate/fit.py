@@ -22,8 +22,8 @@ from scipy.optimize import least_squares
 
 from plan.cluster import Calibration, Cluster, FittedParameter
 from plan.schema import Plan
-from twin.measured import Measurement
-from twin.predict import StepPrediction, predict
+from twin.calibrate.measured import Measurement
+from twin.step.predict import StepPrediction, predict
 
 STEP_WEIGHT = 2.0  # the step time is what users plan with: it counts twice as much as any one phase
 Z95 = 1.959964  # two-sided 95% normal quantile

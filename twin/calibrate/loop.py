@@ -1,32 +1,29 @@
 """Simulate → execute → calibrate → re-predict: the loop behind `twin calibrate` and `twin loop`.
 
-Plans run through `twin execute` in a subprocess (the twin never imports the executor), one at a time so that runs
-do not share the host, each `repeats` times. The first plans are calibrated on; the last `holdout` are predicted
-by the calibrated profile without having been seen by the fit.
+Plans run through the API's `execute` (torchrun in a subprocess: the twin never imports the executor), one at a
+time so that runs do not share the host, each `repeats` times. The first plans are calibrated on; the last
+`holdout` are predicted by the calibrated profile without having been seen by the fit.
 """
 
 from __future__ import annotations
 
-import json
 import statistics
-import subprocess
-import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-
-from rich.progress import Progress
 
 from plan.bench import read_bench
 from plan.cluster import Cluster
 from plan.loader import PlanError
-from twin.bench_fit import fit_bench
-from twin.calibrate import Calibrator, Fit, calibrated_profile, predict_with_interval, with_fields
-from twin.launch import REPO_ROOT
-from twin.loop_report import Row, phase_groups
-from twin.measured import Measurement, read_measurements
-from twin.predict import predict
+from twin.calibrate.bench_fit import fit_bench
+from twin.calibrate.fit import Calibrator, Fit, calibrated_profile, predict_with_interval, with_fields
+from twin.calibrate.measured import Measurement, read_measurements
+from twin.calibrate.report import Row, phase_groups
+from twin.step.predict import predict
+
+RUN_TIMEOUT_S = 3600.0
+"""Wall limit of one calibration run: an 8-step run of a calibration plan takes well under a minute here."""
 
 
 @dataclass(frozen=True)
@@ -94,34 +91,37 @@ def calibrate(
 
 
 def execute(plan: str, overrides: Sequence[str], steps: int, run_dir: Path, device: str) -> None:
-    """One `twin execute` run in a subprocess; a failed run raises PlanError with its last line of output."""
-    cmd = [sys.executable, "-m", "twin.cli", "execute", plan, "--steps", str(steps), "--out", str(run_dir)]
-    cmd += ["--device", device, "--json"]
-    for item in overrides:
-        cmd += ["--set", item]
-    result = subprocess.run(cmd, capture_output=True, text=True, check=False, cwd=REPO_ROOT)
-    if result.returncode:
-        last = (result.stdout.strip().splitlines() or result.stderr.strip().splitlines() or ["no output"])[-1]
-        raise PlanError(f"{plan}: `twin execute` failed (exit {result.returncode}): {last[:300]}")
-    json.loads(result.stdout.strip().splitlines()[-1])  # the run's summary: proves it finished
+    """One run of `plan` through the API (`twin.api.execute`); a failed run raises PlanError with its last line."""
+    from twin import api  # the API imports this module's caller; import at use
+
+    run = api.execute(plan, overrides, steps=steps, out=run_dir, device=device, timeout_s=RUN_TIMEOUT_S)
+    if not run.ok:
+        raise PlanError(f"{plan}: the executor failed (exit {run.returncode}): {(run.error or 'no output')[:300]}")
+    if not run.summary.get("steps"):
+        raise PlanError(f"{plan}: the executor ended without a step record in {run_dir}")
 
 
 def run_all(
-    plans: Sequence[str], overrides: Sequence[str], repeats: int, steps: int, out: Path, device: str
+    plans: Sequence[str],
+    overrides: Sequence[str],
+    repeats: int,
+    steps: int,
+    out: Path,
+    device: str,
+    progress: Callable[[str], None] | None = None,
 ) -> list[list[Path]]:
     """Execute every plan `repeats` times, interleaving repeats (so slow drift on the host spreads over all plans);
-    the run directories of each plan, in the order given."""
+    the run directories of each plan, in the order given. `progress` is told each run as it starts (or is found
+    finished: a rerun of the loop keeps finished runs)."""
     dirs: list[list[Path]] = [[] for _ in plans]
-    with Progress(transient=False) as progress:
-        task = progress.add_task("executing plans", total=len(plans) * repeats)
-        for r in range(repeats):
-            for i, plan in enumerate(plans):
-                run_dir = out / "runs" / f"{i:02d}-{Path(plan).stem}-r{r}"
-                if not (run_dir / "records.jsonl").exists():  # a rerun of the loop keeps finished runs
-                    progress.update(task, description=f"{Path(plan).stem} (repeat {r + 1}/{repeats})")
-                    execute(plan, overrides, steps, run_dir, device)
-                dirs[i].append(run_dir)
-                progress.advance(task)
+    for r in range(repeats):
+        for i, plan in enumerate(plans):
+            run_dir = out / "runs" / f"{i:02d}-{Path(plan).stem}-r{r}"
+            if progress:
+                progress(f"{Path(plan).stem} (repeat {r + 1}/{repeats})")
+            if not (run_dir / "records.jsonl").exists():
+                execute(plan, overrides, steps, run_dir, device)
+            dirs[i].append(run_dir)
     return dirs
 
 

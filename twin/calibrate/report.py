@@ -13,7 +13,7 @@ from typing import Any
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from twin.calibrate import PHASE_GROUPS, SKEW_GROUP
+from twin.calibrate.fit import PHASE_GROUPS, SKEW_GROUP
 
 
 @dataclass(frozen=True)
@@ -32,7 +32,7 @@ class Row:
     high_s: float
     """95% prediction interval of the calibrated profile (seconds)."""
     measured_phases: dict[str, float]
-    """Phase groups (twin.calibrate.PHASE_GROUPS), mean over pipeline ranks (seconds)."""
+    """Phase groups (twin.calibrate.fit.PHASE_GROUPS), mean over pipeline ranks (seconds)."""
     predicted_phases: dict[str, float]
 
     @property

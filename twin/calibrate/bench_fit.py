@@ -14,9 +14,9 @@ from scipy.optimize import curve_fit, least_squares
 
 from plan.bench import BenchResult
 from plan.cluster import Cluster
-from twin.calibrate import with_fields
-from twin.collectives import collective_time
-from twin.fabric import Fabric
+from twin.calibrate.fit import with_fields
+from twin.step.collectives import collective_time
+from twin.step.fabric import Fabric
 
 GEMM_DTYPES = ("fp32", "bf16")
 
@@ -34,7 +34,7 @@ class BenchFit:
 
 def fit_gemm(bench: BenchResult, cluster: Cluster, dtype: str, kernel_s: float) -> tuple[float, float, float]:
     """(peak fraction, half-efficiency size in GFLOP, RMS relative error) of the twin's GEMM curve
-    t = (f + f_half) / (fraction · peak) + kernel (twin/compute.py `Device.gemm_s`) over the sweep's points."""
+    t = (f + f_half) / (fraction · peak) + kernel (twin/step/compute.py `Device.gemm_s`) over the sweep's points."""
     points = [p for p in bench.gemm if p.dtype == dtype]
     if len(points) < 3:
         raise ValueError(f"{dtype}: {len(points)} GEMM points; the curve needs at least 3")
@@ -60,7 +60,7 @@ def fit_link(bench: BenchResult, cluster: Cluster) -> tuple[float, float, float]
     if not points:
         raise ValueError("no collective points inside one node; run `twin bench` with --ranks 2 or more")
 
-    # On a CPU host every rank of the group is busy in the collective: they share the node's cores (twin/host.py)
+    # On a CPU host every rank of the group is busy in the collective: they share the node's cores (twin/step/host.py)
     cores = cluster.node.cpu_cores if cluster.accelerator.kind == "cpu" else None
     sharing = np.array([max(1.0, p.ranks / cores) if cores else 1.0 for p in points])
 

@@ -19,8 +19,8 @@ from typing import Any
 
 import simpy
 
-from twin.host import HostSharing, SharedCores
-from twin.schedules import Action
+from twin.step.host import HostSharing, SharedCores
+from twin.step.schedules import Action
 
 COMPONENTS = ("compute", "recompute", "tp", "cp", "ep", "dp")
 

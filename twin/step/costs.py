@@ -1,6 +1,6 @@
 """What one step of a plan costs, piece by piece: each pipeline action's compute and exposed communication, the
 stage-to-stage transfers, the data-parallel reduction and gathers, the optimizer, and how a CPU host's cores are
-shared — the inputs twin/pipeline.py simulates. Pure functions of a StepContext: the plan placed on its cluster.
+shared — the inputs twin/step/pipeline.py simulates. Pure functions of a StepContext: the plan placed on its cluster.
 """
 
 from __future__ import annotations
@@ -10,13 +10,13 @@ from dataclasses import dataclass
 from plan.cluster import Cluster
 from plan.rank_grid import RankGrid
 from plan.schema import Plan
-from twin import schedules
-from twin.collectives import InNetwork, collective_time
-from twin.compute import Device, PassCost, Shape, embedding_cost, head_cost, layer_cost
-from twin.fabric import Fabric, GroupSpan
-from twin.host import HostSharing
-from twin.memory import layer_params, stage_layer_ranges, stage_params
-from twin.pipeline import ActionCost
+from twin.step import schedules
+from twin.step.collectives import InNetwork, collective_time
+from twin.step.compute import Device, PassCost, Shape, embedding_cost, head_cost, layer_cost
+from twin.step.fabric import Fabric, GroupSpan
+from twin.step.host import HostSharing
+from twin.step.memory import layer_params, stage_layer_ranges, stage_params
+from twin.step.pipeline import ActionCost
 
 NORM_REDUCTION_BYTES = 8
 """The global gradient norm is one fp64 all-reduce over the whole job each step (Megatron and torchtitan clip by
@@ -87,7 +87,7 @@ def step_context(plan: Plan, cluster: Cluster, options: PredictOptions) -> StepC
             cluster,
             plan.training.dtype,
             min(lay.world_size, node.gpus),
-            share_cores=cluster.accelerator.kind != "cpu",  # CPU hosts: shared in the simulation (twin/host.py)
+            share_cores=cluster.accelerator.kind != "cpu",  # CPU hosts: shared in the simulation (twin/step/host.py)
             sharded=lay.tp > 1,
         ),
         net=InNetwork(nvls_link_Bps=nvls, sharp=cluster.fabric.sharp),

@@ -32,7 +32,7 @@ class Action:
 
 W_HOLDS = 0.5
 """Share of a microbatch's activations a pending W still holds (the weight-GEMM inputs; about half of a layer's
-stored tensors, see twin/memory.py) when the greedy builder counts memory against its limit."""
+stored tensors, see twin/step/memory.py) when the greedy builder counts memory against its limit."""
 
 SPLIT_W = frozenset({"zb-h1", "zbv", "dualpipe-v"})
 V_SHAPED = frozenset({"zbv", "dualpipe-v"})

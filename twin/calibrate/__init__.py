@@ -1,0 +1,1 @@
+"""Calibration: microbenchmark fits, measured phases of executor runs, the least-squares fit, the loop, reports."""

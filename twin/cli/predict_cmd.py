@@ -1,0 +1,73 @@
+"""`twin predict`: one optimizer step as two tables (headline figures and where the step goes), or JSON."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from twin import api
+from twin.cli.options import JsonOpt, PlanArg, SetOpt, console, emit_json
+from twin.step.predict import StepPrediction
+
+
+def predict(
+    plan: PlanArg,
+    overrides: SetOpt = None,
+    as_json: JsonOpt = False,
+    trace: Annotated[Path | None, typer.Option("--trace", help="Write the step as a Chrome/Perfetto trace.")] = None,
+    timeline: Annotated[bool, typer.Option("--timeline", help="With --json, include every simulated action.")] = False,
+) -> None:
+    """Predict one optimizer step: time, breakdown, memory, MFU, and days to train."""
+    from twin.step.trace import write_trace
+
+    pred = api.predict(api.load_plan(plan, overrides or []))
+    if trace is not None:
+        write_trace(pred, trace)
+    if as_json:
+        emit_json(pred.to_json(timeline=timeline))
+        return
+    show_prediction(pred, trace)
+
+
+def show_prediction(pred: StepPrediction, trace: Path | None) -> None:
+    """The prediction as two tables: headline figures and where the step goes."""
+    head = Table(title=f"{pred.plan} on {pred.cluster} — {pred.world_size:,} GPUs", show_header=False)
+    head.add_column(style="cyan")
+    head.add_column()
+    mem = pred.memory
+    for key, value in (
+        ("step time", f"{pred.step_time_s:.3f} s  ({pred.num_microbatches} microbatches per replica)"),
+        ("throughput", f"{pred.tokens_per_s:,.0f} tokens/s"),
+        ("MFU / HFU", f"{pred.mfu:.1%} / {pred.hfu:.1%}  ({pred.tflops_per_gpu:.0f} model TFLOP/s per GPU)"),
+        ("bubble", f"{pred.bubble_fraction:.1%}"),
+        (
+            "memory",
+            f"{mem.peak:.1f} of {mem.capacity:.1f} GiB — params {mem.params:.1f}, grads {mem.grads:.1f}, "
+            f"optimizer {mem.optimizer:.1f}, activations {mem.activations:.1f}, transient {mem.transient:.1f}",
+        ),
+        ("fits", ("yes" if pred.fits else "[bold red]NO[/]") + f" — {mem.reason}"),
+        ("to train", f"{pred.days_to_train:,.1f} days, {pred.gpu_hours:,.0f} GPU-hours"),
+        ("simulated", f"{pred.events:,} events"),
+    ):
+        head.add_row(key, value)
+    console.print(head)
+    parts = Table(title="where the step goes")
+    parts.add_column("phase", style="cyan")
+    parts.add_column("seconds", justify="right")
+    parts.add_column("share", justify="right")
+    for phase, seconds in pred.breakdown_s.items():
+        parts.add_row(phase, f"{seconds:.4f}", f"{seconds / pred.step_time_s:.1%}")
+    console.print(parts)
+    comm = Table(title="collectives (one typical call per axis)")
+    for col in ("axis", "op", "algorithm", "tier", "ranks", "busbw GB/s", "seconds"):
+        comm.add_column(col)
+    for axis, c in pred.collectives.items():
+        comm.add_row(
+            axis, c["op"], c["algorithm"], c["tier"], str(c["ranks"]), f"{c['busbw_GBps']:.1f}", f"{c['seconds']:.2e}"
+        )
+    console.print(comm)
+    if trace is not None:
+        console.print(f"trace written to {trace} (open in ui.perfetto.dev)")
