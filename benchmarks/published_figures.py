@@ -17,7 +17,7 @@ from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script: the repo root
 
-from benchmarks.published import LLAMA3_TABLE_4, NARAYANAN_TABLE_1, megatron_plan, megatron_tflops, scaled_cluster
+from benchmarks.published import LLAMA3_TABLE_4, NARAYANAN_TABLE_1, megatron_plan, megatron_tflops
 from plan import loader
 from plan.loader import load_cluster
 from twin.step.collectives import InNetwork, collective_time
@@ -70,7 +70,7 @@ def llama_rows() -> list[dict]:
 def megatron_rows() -> list[dict]:
     rows = []
     for row in NARAYANAN_TABLE_1:
-        result = predict(megatron_plan(row), scaled_cluster("dgx-a100-superpod", row.gpus))
+        result = predict(megatron_plan(row))
         rows.append(
             {
                 "what": f"GPT {row.params_b:g}B on {row.gpus:,} A100: TFLOP/s per GPU",

@@ -219,6 +219,8 @@ class Failures(Sourced):
     """Shape of the time-between-failures distribution: 1 exponential, <1 infant mortality, >1 wear-out."""
     repair_hours: PositiveFloat
     """Time until a failed node is repaired and can rejoin as a spare (hours)."""
+    rate_scale: NonNegativeFloat = 1.0
+    """What-if multiplier on every rate above (1 = as the sources say; 0.5 = half the failures) (ratio)."""
 
     @field_validator("rates_per_node_day")
     @classmethod

@@ -7,36 +7,32 @@ this module is allowed to surface a traceback for bad input.
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Iterable, Mapping
-from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-import yaml
-from pydantic import BaseModel, ValidationError
+from pydantic import ValidationError
 
 from plan.cluster import FAILURE_COMPONENTS, Cluster
+from plan.clusters import TOPOLOGY_DIR, cluster_names, load_cluster, resolve_cluster_path
+from plan.files import PlanError, format_validation_error, parse_override, read_yaml
 from plan.schema import Plan
 
+__all__ = [  # what the rest of the project reaches through the loader
+    "TOPOLOGY_DIR",
+    "PlanError",
+    "cluster_names",
+    "format_validation_error",
+    "load",
+    "load_cluster",
+    "parse_override",
+    "plan_cluster",
+    "read_yaml",
+    "resolve_cluster_path",
+    "validate_plan",
+]
+
 PRESET_DIR = Path(__file__).parent / "presets"
-TOPOLOGY_DIR = Path(__file__).resolve().parent.parent / "topologies"
-
-
-class PlanError(ValueError):
-    """A plan or cluster that cannot be used, with a message naming the file, the field and the fix.
-
-    The message is always one line: a newline that came in with user data is shown escaped.
-    """
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message.replace("\r", "\\r").replace("\n", "\\n"))
-
-
-def _loc_part(part: object) -> str:
-    """A field-path element as written in messages: plain names bare, anything odd JSON-quoted."""
-    text = str(part)
-    return text if re.fullmatch(r"[\w\-]+", text) else json.dumps(text)
 
 
 def _preset_names(kind: str) -> list[str]:
@@ -53,92 +49,17 @@ def plan_presets() -> list[str]:
     return _preset_names("plans")
 
 
-def cluster_names() -> list[str]:
-    """Names of the clusters in topologies/ (calibrated profiles as calibrated/NAME)."""
-    names = sorted(p.stem for p in TOPOLOGY_DIR.glob("*.yaml"))
-    return names + sorted(f"calibrated/{p.stem}" for p in (TOPOLOGY_DIR / "calibrated").glob("*.yaml"))
-
-
-def read_yaml(path: Path) -> dict[str, Any]:
-    """Read a YAML mapping with `safe_load`; a missing, unreadable or malformed file is a PlanError."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise PlanError(f"{path}: no such file; check the path") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise PlanError(f"{path}: cannot read ({exc}); give a UTF-8 text file") from None
-    try:
-        data = yaml.safe_load(text)
-        json.dumps(data, default=str)  # rejects self-referencing aliases before anything walks them
-    except (ValueError, RecursionError):
-        raise PlanError(f"{path}: YAML refers to itself (a recursive alias); write the values out") from None
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise PlanError(f"{path}: malformed YAML{where}: {problem}; fix the syntax") from None
-    if not isinstance(data, dict):
-        raise PlanError(f"{path}: expected a mapping of sections at the top level, got {type(data).__name__}")
-    return data
-
-
-def format_validation_error(exc: ValidationError, model: type[BaseModel], origin: str) -> str:
-    """One line for all of a pydantic error's entries, each as `field.path: problem (fix)`."""
-    parts = []
-    for err in exc.errors(include_url=False):
-        loc = ".".join(_loc_part(p) for p in err["loc"])
-        msg = str(err["msg"]).removeprefix("Value error, ")
-        kind = err["type"]
-        if kind == "extra_forbidden":
-            known = _known_keys(model, err["loc"][:-1])
-            msg = f"unknown key; known keys here: {', '.join(known)}" if known else "unknown key"
-        elif kind == "missing":
-            msg = "required, but missing"
-        elif "input" in err and kind not in ("value_error", "assertion_error") and not isinstance(err["input"], dict):
-            msg = f"{msg} (got {json.dumps(err['input'], default=str)[:60]})"
-        # Section validators raise 'field: ...' relative to their section; join with the section's path.
-        if kind == "value_error" and ":" in msg and not msg.startswith(loc):
-            first = msg.split(":", 1)[0]
-            if " " not in first:
-                loc = f"{loc}.{first}" if loc else first
-                msg = msg.split(":", 1)[1].strip()
-        parts.append(f"{loc}: {msg}" if loc else msg)
-    return f"{origin}: " + "; ".join(parts)
-
-
-def _known_keys(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
-    """The field names of the section at `loc` inside `model`, for 'unknown key' messages."""
-    current: Any = model
-    for part in loc:
-        field = getattr(current, "model_fields", {}).get(part)
-        if field is None:
-            return []
-        ann = field.annotation
-        candidates = [ann, *getattr(ann, "__args__", ())]
-        current = next((c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)), None)
-        if current is None:
-            return []
-    return list(getattr(current, "model_fields", {}))
-
-
-def parse_override(item: str) -> tuple[list[str], Any]:
-    """Split `section.field=value` into its path and a YAML-parsed value (`4` is an int, `true` a bool)."""
-    key, sep, raw = item.partition("=")
-    path = [p for p in key.strip().split(".") if p]
-    if not sep or not path:
-        raise PlanError(f"--set {item!r}: expected section.field=value, e.g. --set layout.tp=4")
-    try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
-    except yaml.YAMLError:
-        value = raw
-    return path, value
-
-
 def apply_overrides(data: dict[str, Any], overrides: Iterable[str]) -> dict[str, Any]:
-    """Return a copy of `data` with each `section.field=value` set; intermediate sections are created."""
+    """Return a copy of `data` with each `section.field=value` set; intermediate sections are created.
+
+    `cluster.FIELD.PATH=value` (anything under `cluster` but its `name`) is a what-if on the cluster: it joins
+    `cluster.overrides` under the dotted path (plan/clusters.py); `cluster=NAME` names another cluster."""
     out = json.loads(json.dumps(data, default=str))
     for item in overrides:
         path, value = parse_override(item)
+        if path[0] == "cluster":
+            out["cluster"] = _cluster_override(out.get("cluster"), path[1:], value)
+            continue
         node = out
         for part in path[:-1]:
             child = node.get(part)
@@ -149,6 +70,19 @@ def apply_overrides(data: dict[str, Any], overrides: Iterable[str]) -> dict[str,
             node = child
         node[path[-1]] = value
     return out
+
+
+def _cluster_override(current: Any, path: list[str], value: Any) -> Any:
+    """The plan's `cluster` entry after one `--set cluster...=value`."""
+    if not path:
+        if isinstance(value, str) and isinstance(current, dict):
+            return {**current, "name": value}
+        return value
+    ref = dict(current) if isinstance(current, dict) else {"name": current}
+    if path == ["name"]:
+        return {**ref, "name": value}
+    field = ".".join(path[1:] if path[0] == "overrides" and len(path) > 1 else path)
+    return {**ref, "overrides": {**(ref.get("overrides") or {}), field: value}}
 
 
 def _model_preset(name: str) -> dict[str, Any]:
@@ -167,39 +101,6 @@ def resolve_plan_source(source: str | Path) -> Path:
     if preset.is_file():
         return preset
     raise PlanError(f"{source}: neither a plan file nor a preset; presets are {', '.join(plan_presets())}")
-
-
-def resolve_cluster_path(name: str, relative_to: Path | None = None) -> Path:
-    """The file of a cluster name (topologies/NAME.yaml) or path (absolute, or relative to the plan file)."""
-    catalogue = TOPOLOGY_DIR / f"{name}.yaml"
-    if catalogue.is_file():
-        return catalogue
-    path = Path(name)
-    candidates = [path] if path.is_absolute() else [Path.cwd() / path]
-    if relative_to is not None and not path.is_absolute():
-        candidates.insert(0, relative_to.parent / path)
-    for candidate in candidates:
-        if candidate.is_file():
-            return candidate
-    raise PlanError(
-        f"cluster: unknown cluster {name!r}; name a file in topologies/ ({', '.join(cluster_names())}) "
-        "or give a path to a cluster YAML"
-    )
-
-
-@lru_cache(maxsize=64)
-def _load_cluster_cached(path: Path, mtime_ns: int) -> Cluster:
-    data = read_yaml(path)
-    try:
-        return Cluster.model_validate(data)
-    except ValidationError as exc:
-        raise PlanError(format_validation_error(exc, Cluster, str(path))) from None
-
-
-def load_cluster(name: str, relative_to: Path | None = None) -> Cluster:
-    """Load and validate a cluster by catalogue name or path (cached per file and modification time)."""
-    path = resolve_cluster_path(name, relative_to).resolve()
-    return _load_cluster_cached(path, path.stat().st_mtime_ns)
 
 
 def plan_data(source: str | Path, overrides: Iterable[str] = ()) -> tuple[dict[str, Any], Path]:
@@ -233,12 +134,13 @@ def validate_plan(data: Mapping[str, Any], origin: str = "plan", relative_to: Pa
     except ValidationError as exc:
         raise PlanError(format_validation_error(exc, Plan, origin)) from None
     try:
-        cluster_path = resolve_cluster_path(plan.cluster, relative_to)
+        cluster_path = resolve_cluster_path(plan.cluster.name, relative_to)
+        if not cluster_path.resolve().is_relative_to(TOPOLOGY_DIR.resolve()):  # keep a path valid from any cwd
+            ref = plan.cluster.model_copy(update={"name": str(cluster_path.resolve())})
+            plan = plan.model_copy(update={"cluster": ref})
+        cluster = plan_cluster(plan)
     except PlanError as exc:
         raise PlanError(f"{origin}: {exc}") from None
-    if not cluster_path.resolve().is_relative_to(TOPOLOGY_DIR.resolve()):  # keep a path valid from any cwd
-        plan = plan.model_copy(update={"cluster": str(cluster_path.resolve())})
-    cluster = load_cluster(plan.cluster)
     check_fits_cluster(plan, cluster, origin)
     return plan
 
@@ -278,5 +180,5 @@ def check_fits_cluster(plan: Plan, cluster: Cluster, origin: str = "plan") -> No
 
 
 def plan_cluster(plan: Plan) -> Cluster:
-    """The cluster a validated plan names."""
-    return load_cluster(plan.cluster)
+    """The cluster a validated plan names, its what-if overrides applied."""
+    return load_cluster(plan.cluster.name, overrides=plan.cluster.overrides)

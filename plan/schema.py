@@ -15,15 +15,9 @@ weights over `dp / ep` ranks.
 from __future__ import annotations
 
 from functools import cached_property
-from typing import Final, Literal
+from typing import Any, Final, Literal
 
-from pydantic import (
-    Field,
-    NonNegativeInt,
-    PositiveFloat,
-    PositiveInt,
-    model_validator,
-)
+from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, field_validator, model_validator
 
 from plan.reliability import Reliability
 from plan.section import Section
@@ -221,6 +215,21 @@ class Training(Section):
     """Seed of weight init and data order; the same seed gives the same weights under any layout."""
 
 
+class ClusterRef(Section):
+    """The cluster a plan runs on: a catalogue name or a file, and what-if changes to its fields."""
+
+    name: str
+    """A file name in topologies/ (without .yaml), calibrated/NAME, or a path to a cluster file."""
+    overrides: dict[str, Any] = Field(default_factory=dict)
+    """What-ifs: dotted field paths of the cluster file and their new values, e.g. `nodes: 560`,
+    `fabric.tiers.leaf.bandwidth_GBps: 100`, `failures.rate_scale: 0.5` (see plan/clusters.py)."""
+
+    def __str__(self) -> str:
+        if not self.overrides:
+            return self.name
+        return f"{self.name} ({', '.join(f'{k}={v}' for k, v in self.overrides.items())})"
+
+
 class Plan(Section):
     """A whole plan: what model, on which cluster, laid out how, trained how long, recovered how."""
 
@@ -232,14 +241,20 @@ class Plan(Section):
     """Why this plan exists and where its numbers come from."""
     model: ModelSpec
     """The architecture (a model preset name may stand for the whole section)."""
-    cluster: str
-    """A file name in topologies/ (without .yaml) or a path to a cluster file."""
+    cluster: ClusterRef
+    """The cluster: a name in topologies/ (without .yaml), a path to a cluster file, or a mapping of `name` and
+    what-if `overrides`."""
     layout: Layout = Layout()
     """Parallel layout and pipeline schedule."""
     training: Training
     """Batch, tokens, dtype and optimizer."""
     reliability: Reliability = Reliability()
     """Checkpoint and recovery policy."""
+
+    @field_validator("cluster", mode="before")
+    @classmethod
+    def _cluster_by_name(cls, value: Any) -> Any:
+        return {"name": value} if isinstance(value, str) else value
 
     @model_validator(mode="after")
     def _check(self) -> Plan:

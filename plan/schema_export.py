@@ -13,15 +13,19 @@ from plan.schema import Plan
 
 
 def plan_schema() -> dict[str, Any]:
-    """The plan's schema, where `model` may also be a model preset's name as plan files allow."""
+    """The plan's schema, where `model` may also be a model preset's name and `cluster` a cluster's name or path,
+    as plan files allow."""
     schema = Plan.model_json_schema()
-    model = schema["properties"]["model"]
-    ref = {k: v for k, v in model.items() if k == "$ref"} or {"allOf": model.get("allOf", [])}
-    schema["properties"]["model"] = {
-        "description": model.get("description", ""),
-        "anyOf": [ref, {"type": "string", "enum": model_presets(), "description": "a model preset name"}],
-    }
+    _or_string(schema, "model", {"type": "string", "enum": model_presets(), "description": "a model preset name"})
+    _or_string(schema, "cluster", {"type": "string", "description": "a cluster name in topologies/ or a file path"})
     return schema
+
+
+def _or_string(schema: dict[str, Any], field: str, alternative: dict[str, Any]) -> None:
+    """Let a section-valued property also be written as a string."""
+    prop = schema["properties"][field]
+    ref = {k: v for k, v in prop.items() if k == "$ref"} or {"allOf": prop.get("allOf", [])}
+    schema["properties"][field] = {"description": prop.get("description", ""), "anyOf": [ref, alternative]}
 
 
 def json_schema(kind: str) -> dict[str, Any]:

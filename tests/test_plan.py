@@ -80,7 +80,7 @@ def test_cluster_path_relative_to_plan_file(tmp_path: Path) -> None:
     plan_file = tmp_path / "plan.yaml"
     plan_file.write_text("cluster: clusters/my-box.yaml\nmodel: tiny\ntraining: {global_batch: 8, tokens: 1e5}\n")
     plan = loader.load(plan_file)
-    assert Path(plan.cluster).is_absolute() and loader.plan_cluster(plan).name == "my-box"
+    assert Path(plan.cluster.name).is_absolute() and loader.plan_cluster(plan).name == "my-box"
 
 
 @pytest.mark.parametrize(

@@ -29,6 +29,7 @@ import yaml
 
 from plan import loader
 from plan.cluster import Cluster
+from plan.clusters import WhatIf, load_cluster_what_if
 from plan.loader import PlanError
 from plan.model_math import model_flops_per_token, param_count
 from plan.schema import Plan
@@ -62,8 +63,24 @@ def load_plan(source: PlanLike, overrides: Iterable[str] = ()) -> Plan:
 
 
 def cluster_of(plan: PlanLike) -> Cluster:
-    """The cluster a plan runs on, as resolved."""
+    """The cluster a plan runs on, its what-if overrides applied."""
     return loader.plan_cluster(load_plan(plan))
+
+
+def cluster_what_if(plan: PlanLike) -> tuple[Cluster, WhatIf]:
+    """The cluster a plan runs on and what its what-if overrides changed (the fields they set, and those that
+    followed, such as the outermost tier grown with `nodes`)."""
+    ref = load_plan(plan).cluster
+    return load_cluster_what_if(ref.name, ref.overrides)
+
+
+def load_cluster(name: str, overrides: Mapping[str, Any] | Iterable[str] = ()) -> Cluster:
+    """A catalogue cluster (or cluster file) with what-if overrides: a mapping of dotted paths to values, or
+    `path=value` strings as `--set cluster.PATH=value` takes them (e.g. "nodes=560")."""
+    if not isinstance(overrides, Mapping):
+        pairs = [loader.parse_override(item) for item in overrides]
+        overrides = {".".join(path): value for path, value in pairs}
+    return load_cluster_what_if(name, overrides)[0]
 
 
 def facts(plan: PlanLike) -> dict[str, Any]:

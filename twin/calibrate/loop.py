@@ -62,9 +62,10 @@ def calibrate(
     if not data:
         raise PlanError("calibrate: no runs to fit; give at least one run directory")
     for m in (*data, *held_out):
-        if m.plan.cluster != cluster.name:
+        if m.plan.cluster.name != cluster.name:
             raise PlanError(
-                f"{m.runs[0]}: ran on cluster {m.plan.cluster!r}, not {cluster.name!r}; calibrate runs of one cluster"
+                f"{m.runs[0]}: ran on cluster {m.plan.cluster.name!r}, not {cluster.name!r}; calibrate runs of one "
+                "cluster"
             )
     start, notes = base_profile(cluster, bench, data)
     fit = Calibrator(start).fit(data)

@@ -151,7 +151,7 @@ def loop(
     from twin.calibrate.report import summary, write_report
 
     loaded = [loader.load(p, overrides or []) for p in plans]
-    clusters = {p.cluster for p in loaded}
+    clusters = {str(p.cluster) for p in loaded}
     if len(clusters) != 1:
         raise PlanError(f"twin loop: the plans name several clusters {sorted(clusters)}; loop over one at a time")
     base = loader.plan_cluster(loaded[0])

@@ -78,10 +78,11 @@ def checkpoint_cost(plan: Plan, cluster: Cluster) -> CheckpointCost:
 
 
 def job_failure_rates(plan: Plan, cluster: Cluster) -> dict[str, float]:
-    """Failures per second of the whole job, by cause: the per-node-day rates (the plan's overrides winning)
-    times the job's nodes."""
+    """Failures per second of the whole job, by cause: the cluster's per-node-day rates times its what-if
+    `rate_scale` (the plan's own per-component rates winning), times the job's nodes."""
     nodes = -(-plan.layout.world_size // cluster.node.gpus)
-    rates = dict(cluster.failures.rates_per_node_day)
+    scale = cluster.failures.rate_scale
+    rates = {cause: rate * scale for cause, rate in cluster.failures.rates_per_node_day.items()}
     rates.update(plan.reliability.failure_rates or {})
     return {cause: rate * nodes / 86400.0 for cause, rate in rates.items() if rate > 0}
 

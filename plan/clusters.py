@@ -1,0 +1,149 @@
+"""The cluster catalogue (`topologies/`) and cluster what-ifs: a catalogue cluster plus overrides of its fields.
+
+A what-if is a mapping of dotted field paths of the cluster file to new values — `nodes: 560`,
+`fabric.tiers.1.bandwidth_GBps: 100`, `failures.rate_scale: 0.5` — applied to the file's contents before they
+are validated, so an override is checked exactly as the file is and its errors name the field. A list element is
+named by its index or, for the fabric tiers, by its `name` (`fabric.tiers.leaf.latency_us`); `*` sets every
+element (`fabric.tiers.*.bandwidth_GBps: 100`: 800G NICs on every tier). Growing `nodes` grows the outermost
+fabric tier with it, unless the same what-if sets that tier's `span_nodes` itself.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from plan.cluster import Cluster
+from plan.files import PlanError, format_validation_error, read_yaml
+
+TOPOLOGY_DIR = Path(__file__).resolve().parent.parent / "topologies"
+ALL = "*"
+
+
+def cluster_names() -> list[str]:
+    """Names of the clusters in topologies/ (calibrated profiles as calibrated/NAME)."""
+    names = sorted(p.stem for p in TOPOLOGY_DIR.glob("*.yaml"))
+    return names + sorted(f"calibrated/{p.stem}" for p in (TOPOLOGY_DIR / "calibrated").glob("*.yaml"))
+
+
+def resolve_cluster_path(name: str, relative_to: Path | None = None) -> Path:
+    """The file of a cluster name (topologies/NAME.yaml) or path (absolute, or relative to the plan file)."""
+    catalogue = TOPOLOGY_DIR / f"{name}.yaml"
+    if catalogue.is_file():
+        return catalogue
+    path = Path(name)
+    candidates = [path] if path.is_absolute() else [Path.cwd() / path]
+    if relative_to is not None and not path.is_absolute():
+        candidates.insert(0, relative_to.parent / path)
+    for candidate in candidates:
+        if candidate.is_file():
+            return candidate
+    raise PlanError(
+        f"cluster: unknown cluster {name!r}; name a file in topologies/ ({', '.join(cluster_names())}) "
+        "or give a path to a cluster YAML"
+    )
+
+
+@dataclass(frozen=True)
+class WhatIf:
+    """What a set of overrides did to a cluster file: every concrete field it set, and what followed."""
+
+    set_paths: tuple[str, ...]
+    """Concrete dotted paths the overrides set (a `*` or a tier name expanded to indices)."""
+    derived: dict[str, str]
+    """Fields changed as a consequence, with why (e.g. the outermost tier grown with `nodes`)."""
+
+
+def apply_what_if(data: dict[str, Any], overrides: Mapping[str, Any], origin: str) -> tuple[dict[str, Any], WhatIf]:
+    """A copy of a cluster file's contents with `overrides` applied; PlanError names a path that does not exist."""
+    out = copy.deepcopy(data)
+    paths: list[str] = []
+    for path, value in overrides.items():
+        parts = [p for p in str(path).split(".") if p]
+        if not parts:
+            raise PlanError(f"{origin}: cluster.overrides: an empty field path; write e.g. nodes: 560")
+        paths += _set(out, parts, value, [], origin, str(path))
+    derived: dict[str, str] = {}
+    tiers = (out.get("fabric") or {}).get("tiers") or []
+    if "nodes" in paths and tiers and isinstance(tiers[-1], dict):
+        last = len(tiers) - 1
+        key = f"fabric.tiers.{last}.span_nodes"
+        nodes = out.get("nodes")
+        if key not in paths and isinstance(nodes, int) and nodes > int(tiers[last].get("span_nodes", 0)):
+            tiers[last]["span_nodes"] = nodes
+            derived[key] = f"grown with nodes to {nodes}"
+    return out, WhatIf(tuple(dict.fromkeys(paths)), derived)
+
+
+def _set(node: Any, parts: list[str], value: Any, done: list[str], origin: str, written: str) -> list[str]:
+    """Set `value` at `parts` below `node`; the concrete paths set (several where a `*` fans out)."""
+    head, rest = parts[0], parts[1:]
+    where = ".".join(done) or "the cluster"
+    if isinstance(node, list):
+        out: list[str] = []
+        for i in _indices(node, head, where, origin, written):
+            if rest:
+                out += _set(node[i], rest, value, [*done, str(i)], origin, written)
+            else:
+                node[i] = copy.deepcopy(value)
+                out.append(".".join([*done, str(i)]))
+        return out
+    if not isinstance(node, dict):
+        raise PlanError(f"{origin}: cluster.overrides.{written}: {where} is a value, not a section; set {where}")
+    if not rest:
+        node[head] = copy.deepcopy(value)
+        return [".".join([*done, head])]
+    if head not in node or not isinstance(node[head], dict | list):
+        known = ", ".join(k for k, v in node.items() if isinstance(v, dict | list)) or "none"
+        raise PlanError(
+            f"{origin}: cluster.overrides.{written}: {where} has no section {head!r}; its sections are {known}"
+        )
+    return _set(node[head], rest, value, [*done, head], origin, written)
+
+
+def _indices(items: list[Any], key: str, where: str, origin: str, written: str) -> list[int]:
+    """List elements named by an index, a `name` field or `*`."""
+    if key == ALL:
+        return list(range(len(items)))
+    if key.lstrip("-").isdigit() and -len(items) <= int(key) < len(items):
+        return [int(key) % len(items)]
+    named = [i for i, item in enumerate(items) if isinstance(item, dict) and item.get("name") == key]
+    if named:
+        return named
+    names = [str(item.get("name")) for item in items if isinstance(item, dict) and "name" in item]
+    choices = f"0-{len(items) - 1}" + (f", or a name: {', '.join(names)}" if names else "") + ", or *"
+    raise PlanError(f"{origin}: cluster.overrides.{written}: {where} has no element {key!r}; use an index {choices}")
+
+
+@lru_cache(maxsize=256)
+def _load_cached(path: Path, mtime_ns: int, overrides_json: str) -> tuple[Cluster, WhatIf]:
+    data = read_yaml(path)
+    overrides = json.loads(overrides_json)
+    origin = str(path) if not overrides else f"{path} with what-if overrides"
+    resolved, what_if = apply_what_if(data, overrides, origin) if overrides else (data, WhatIf((), {}))
+    try:
+        return Cluster.model_validate(resolved), what_if
+    except ValidationError as exc:
+        raise PlanError(format_validation_error(exc, Cluster, origin)) from None
+
+
+def load_cluster_what_if(
+    name: str, overrides: Mapping[str, Any] | None = None, relative_to: Path | None = None
+) -> tuple[Cluster, WhatIf]:
+    """A cluster by catalogue name or path with what-if overrides applied, and what they did (cached per file,
+    modification time and overrides)."""
+    path = resolve_cluster_path(name, relative_to).resolve()
+    key = json.dumps(dict(overrides or {}), default=str)  # in the order given: a later override wins
+    return _load_cached(path, path.stat().st_mtime_ns, key)
+
+
+def load_cluster(name: str, relative_to: Path | None = None, overrides: Mapping[str, Any] | None = None) -> Cluster:
+    """Load and validate a cluster by catalogue name or path, with optional what-if overrides."""
+    return load_cluster_what_if(name, overrides, relative_to)[0]
