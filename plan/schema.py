@@ -149,6 +149,9 @@ class Layout(Section):
     """Q/K/V, and the MLP's gate and up projections, run as one GEMM each (Megatron). False: one GEMM per
     projection, as the executor's DTensor layers run them — under tp each then needs its own input-gradient
     all-reduce in the backward (5 per layer instead of 2)."""
+    cp_algorithm: Literal["ring", "all-gather"] = "ring"
+    """How context-parallel attention gets the other ranks' keys and values: ring (Megatron-Core's p2p ring,
+    overlapped with the attention blocks) or all-gather (Llama 3 §3.3.2, and the executor; exposed)."""
     rank_order: str = "tp-cp-dp-pp"
     """Axes of the rank grid from innermost (fastest-varying rank) to outermost; ep subdivides dp."""
 
@@ -201,6 +204,9 @@ class Training(Section):
     dtype: Dtype = "bf16"
     """Compute dtype of matmuls and collectives: bf16, fp8 with bf16 master weights, or fp32 (no mixed precision:
     what the executor runs on CPUs)."""
+    grad_reduce_dtype: Literal["bf16", "fp32"] | None = None
+    """Dtype of the data-parallel gradient reduction; unset: the compute dtype's (bf16 for bf16 and fp8, fp32 for
+    fp32). Megatron-Core with bf16 and Llama 3 reduce in fp32 (Dubey et al. 2024 §3.3.2)."""
     optimizer: Literal["adamw", "adam", "sgd"] = "adamw"
     """Optimizer; adam/adamw keep fp32 master weights and two fp32 moments (16 bytes/param with bf16 grads)."""
     lr: PositiveFloat = 3e-4
@@ -213,6 +219,11 @@ class Training(Section):
     """Global gradient-norm clip; 0 disables it."""
     seed: NonNegativeInt = 1234
     """Seed of weight init and data order; the same seed gives the same weights under any layout."""
+
+    @property
+    def reduce_dtype(self) -> str:
+        """The data-parallel gradient reduction's dtype, defaults applied."""
+        return self.grad_reduce_dtype or ("fp32" if self.dtype == "fp32" else "bf16")
 
 
 class ClusterRef(Section):
@@ -303,6 +314,13 @@ class Plan(Section):
             raise ValueError(
                 f"training.global_batch: interleaved-1f1b needs microbatches per replica ({self.num_microbatches}) "
                 f"to be a multiple of pp={lay.pp} (Narayanan et al. 2021); change global_batch or microbatch_size"
+            )
+        rounds = max(1, self.num_microbatches // lay.pp)
+        if lay.schedule == "zb-h1" and self.num_microbatches % rounds:
+            raise ValueError(
+                f"training.global_batch: zb-h1 runs as torch's ScheduleInterleavedZeroBubble, which needs the "
+                f"{self.num_microbatches} microbatches per replica to split into {rounds} equal rounds; use a "
+                f"multiple of pp={lay.pp}"
             )
         if lay.schedule in ("zbv", "dualpipe-v") and self.num_microbatches < 2 * lay.pp:
             raise ValueError(

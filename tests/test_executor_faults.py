@@ -57,6 +57,7 @@ def final_state(run: Path, tmp: Path) -> dict[str, Any]:
     return state
 
 
+@pytest.mark.slow  # a long 8-rank gang, run twice (70 s on 2 cores): CI's slow step
 @pytest.mark.timeout(400)
 def test_kill_and_resume_is_bit_identical_on_dp2_tp2_pp2(tmp_path: Path) -> None:
     """A rank killed at step 3 of (2,2,2): the gang restarts from the step-2 checkpoint (written asynchronously)
@@ -95,6 +96,7 @@ def test_resume_under_another_dp_degree_continues_with_matching_loss(tmp_path: P
     assert resume.detail["layout"]["dp"] == 2
 
 
+@pytest.mark.slow  # every fault kind in one long gang (30 s on 2 cores): CI's slow step
 @pytest.mark.timeout(500)
 def test_every_fault_kind_is_detected_and_the_run_completes(tmp_path: Path) -> None:
     """One dp=2 run struck by all six kinds; each is detected and recovered from, the run reaches its last step,

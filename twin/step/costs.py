@@ -60,6 +60,16 @@ class StepContext:
         dispatch and activations in fp8); gradients stay bf16."""
         return {"fp8": 1, "fp32": 4}.get(self.plan.training.dtype, 2)
 
+    @property
+    def grad_bytes(self) -> int:
+        """Bytes per element of the data-parallel gradient reduction (training.reduce_dtype)."""
+        return 4 if self.plan.training.reduce_dtype == "fp32" else 2
+
+    @property
+    def param_bytes(self) -> int:
+        """Bytes per element of the weights the ZeRO gathers move: fp32 where the plan trains in fp32, else bf16."""
+        return 4 if self.plan.training.dtype == "fp32" else 2
+
     def span(self, *axes: str) -> GroupSpan:
         return self.fabric.span(self.grid.group_of(0, *axes))
 
@@ -95,8 +105,10 @@ def step_context(plan: Plan, cluster: Cluster, options: PredictOptions) -> StepC
     )
 
 
-def layer_comm(ctx: StepContext, cost: PassCost, moe: bool) -> dict[str, tuple[float, float]]:
-    """Exposed (forward, backward) seconds of one layer's TP, CP and EP communication for one microbatch."""
+def layer_comm(ctx: StepContext, cost: PassCost, moe: bool, paired: bool = False) -> dict[str, tuple[float, float]]:
+    """Exposed (forward, backward) seconds of one layer's TP, CP and EP communication for one microbatch.
+    `paired`: the action runs in an overlapped forward-backward pair (DualPipe), whose compute hides its
+    expert-parallel all-to-all."""
     m, lay = ctx.plan.model, ctx.plan.layout
     tokens = lay.microbatch_size * m.seq_len // lay.cp
     stream = tokens * m.hidden * ctx.comm_bytes
@@ -111,19 +123,34 @@ def layer_comm(ctx: StepContext, cost: PassCost, moe: bool) -> dict[str, tuple[f
         # unfused projections: Q, K, V (and gate, up) each all-reduce their input gradient in the backward
         extra = 0 if lay.fused_projections else (2 + (1 if m.glu else 0)) * ctx.time("all_reduce", stream, tp)
         out["tp"] = (per_pass, per_pass + extra)
-    if lay.cp > 1:  # ring attention passes K and V around the cp ranks, overlapped with the attention blocks
-        kv = 2 * tokens * m.n_kv_heads * m.d_head / lay.tp * ctx.comm_bytes
-        ring = (lay.cp - 1) * ctx.time("p2p", kv, ctx.span("cp"))
-        attention = cost.attention_s  # each ring step overlaps one block of attention (2.5x as long backward)
-        out["cp"] = (max(0.0, ring - attention), max(0.0, 2 * ring - 2.5 * attention))
+    if lay.cp > 1:
+        out["cp"] = cp_comm(ctx, cost, tokens)
     if moe and lay.ep > 1:  # dispatch and combine all-to-alls of top_k copies of each token, each way
         moved = tokens * m.top_k * m.hidden * ctx.comm_bytes
         a2a = 2 * ctx.time("all_to_all", moved, ctx.span("ep"))
-        if lay.schedule == "dualpipe-v":  # DualPipe overlaps it with the paired microbatch's compute
+        if paired:  # DualPipe overlaps it with the paired microbatch's compute
             out["ep"] = (max(0.0, a2a - cost.forward_s), max(0.0, a2a - cost.backward_input_s))
         else:
             out["ep"] = (a2a, a2a)
     return out
+
+
+def cp_comm(ctx: StepContext, cost: PassCost, tokens: int) -> tuple[float, float]:
+    """Exposed (forward, backward) seconds of one layer's context-parallel exchange of K and V.
+
+    ring (Megatron-Core's p2p): K and V pass around the cp ranks, one block of attention hiding each step (the
+    backward's 2.5x longer blocks hide twice the traffic). all-gather (Llama 3 §3.3.2, the executor): every rank
+    gathers the whole sequence's K and V before its attention and reduce-scatters their gradients after it,
+    exposed."""
+    m, lay = ctx.plan.model, ctx.plan.layout
+    kv = 2 * tokens * m.n_kv_heads * m.d_head / lay.tp * ctx.comm_bytes
+    if lay.cp_algorithm == "all-gather":
+        gathered = kv * lay.cp
+        span = ctx.span("cp")
+        return ctx.time("all_gather", gathered, span), ctx.time("reduce_scatter", gathered, span)
+    ring = (lay.cp - 1) * ctx.time("p2p", kv, ctx.span("cp"))
+    attention = cost.attention_s
+    return max(0.0, ring - attention), max(0.0, 2 * ring - 2.5 * attention)
 
 
 def edge_tp(ctx: StepContext, stage: int) -> tuple[float, float]:
@@ -148,8 +175,8 @@ def zero3_layer_exposed(ctx: StepContext, layer: int, cost: PassCost) -> tuple[f
     prefetched one layer ahead, so only what outlasts the layer's compute shows."""
     p = layer_params(ctx.plan, layer)
     dp = ctx.span("dp")
-    gather = ctx.time("all_gather", 2 * (p.dense + p.expert), dp)
-    scatter = ctx.time("reduce_scatter", 2 * (p.dense + p.expert), dp)
+    gather = ctx.time("all_gather", ctx.param_bytes * (p.dense + p.expert), dp)
+    scatter = ctx.time("reduce_scatter", ctx.grad_bytes * (p.dense + p.expert), dp)
     backward = cost.backward_input_s + cost.backward_weight_s
     return max(0.0, gather - cost.forward_s), max(0.0, gather + scatter - backward)
 
@@ -169,11 +196,14 @@ def layer_costs(ctx: StepContext) -> dict[bool, PassCost]:
     }
 
 
-def stage_costs(ctx: StepContext, kinds: dict[bool, PassCost]) -> dict[tuple[str, int], ActionCost]:
-    """The cost of F, B (and W) of every model stage for one microbatch."""
+def stage_costs(
+    ctx: StepContext, kinds: dict[bool, PassCost], paired: bool = False
+) -> dict[tuple[str, int], ActionCost]:
+    """The cost of F, B (and W) of every model stage for one microbatch; with `paired`, as one half of an
+    overlapped forward-backward pair (see layer_comm)."""
     plan, lay, m = ctx.plan, ctx.plan.layout, ctx.plan.model
     shape = shape_of(ctx)
-    comms = {moe: layer_comm(ctx, cost, moe) for moe, cost in kinds.items()}
+    comms = {moe: layer_comm(ctx, cost, moe, paired) for moe, cost in kinds.items()}
     split = schedules.splits_weight_grad(lay.schedule)
     edges = {s: edge_tp(ctx, s) for s in range(lay.num_stages)} if lay.tp > 1 else {}
     costs: dict[tuple[str, int], ActionCost] = {}
@@ -236,10 +266,11 @@ def dp_costs(ctx: StepContext) -> tuple[dict[int, float], dict[int, float], floa
     dp, edp = ctx.span("dp"), ctx.span("edp")
     op = "all_reduce" if lay.zero == 0 else "reduce_scatter"
     param_gather = 0.0
+    g, w = ctx.grad_bytes, ctx.param_bytes
     for stage in range(lay.num_stages):
         p = stage_params(plan, stage)
-        reduce_s[stage] = ctx.time(op, 2 * p.dense, dp) + ctx.time(op, 2 * p.expert, edp)
-        gather = ctx.time("all_gather", 2 * p.dense, dp) + ctx.time("all_gather", 2 * p.expert, edp)
+        reduce_s[stage] = ctx.time(op, g * p.dense, dp) + ctx.time(op, g * p.expert, edp)
+        gather = ctx.time("all_gather", w * p.dense, dp) + ctx.time("all_gather", w * p.expert, edp)
         if lay.zero == 3:
             gather_s[stage] = gather
         elif lay.zero in (1, 2) and schedules.stage_rank(lay.schedule, lay.pp, stage) == 0:

@@ -67,6 +67,13 @@ class PipelineInput:
     the rank's last computation."""
     host: HostSharing | None = None
     """Ranks share host cores (CPU clusters): actions are work at full speed, slowed by the busy ranks."""
+    overlap_costs: Mapping[tuple[str, int], ActionCost] = field(default_factory=dict)
+    """Costs of actions run as one half of an overlapped forward-backward pair (DualPipe), where they differ."""
+
+    def cost(self, a: Action) -> ActionCost:
+        """What action `a` costs: its overlapped cost when it runs in an overlapped pair and has one."""
+        key = (a.kind, a.stage)
+        return self.overlap_costs.get(key, self.costs[key]) if a.overlap else self.costs[key]
 
 
 @dataclass(frozen=True)
@@ -235,7 +242,7 @@ class _Sim:
                 t0 = self.env.now
                 yield self.gathered[a.stage]
                 times.dp += self.env.now - t0
-            cost = self.inp.costs[(a.kind, a.stage)]
+            cost = self.inp.cost(a)
             start = self.env.now
             if a in self.final_grad and self.inp.dp_stage_s.get(a.stage, 0.0) > 0:
                 self.launch_buckets(rank, a.stage, start, cost.total)

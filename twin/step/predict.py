@@ -115,6 +115,7 @@ def predict(plan: Plan, cluster: Cluster | None = None, options: PredictOptions 
             orders=orders,
             stage_rank=tuple(schedules.stage_rank(lay.schedule, lay.pp, s) for s in range(lay.num_stages)),
             costs=stage_costs(ctx, kinds),
+            overlap_costs=stage_costs(ctx, kinds, paired=True) if _pairs_hide_all_to_all(plan) else {},
             p2p_s=p2p_costs(ctx),
             split_w=schedules.splits_weight_grad(lay.schedule),
             dp_stage_s=reduce_s,
@@ -130,6 +131,11 @@ def predict(plan: Plan, cluster: Cluster | None = None, options: PredictOptions 
         schedules.peak_live(o, weights, kept if schedules.splits_weight_grad(lay.schedule) else 0.0) for o in orders
     ]
     return _summarise(ctx, result, memory_breakdown(plan, cluster, live), param_gather, kinds)
+
+
+def _pairs_hide_all_to_all(plan: Plan) -> bool:
+    """DualPipe's overlapped pairs hide expert-parallel all-to-alls; elsewhere a pair costs what its halves do."""
+    return plan.layout.schedule == "dualpipe-v" and plan.model.is_moe and plan.layout.ep > 1
 
 
 def _summarise(
@@ -212,7 +218,7 @@ def _collective_summary(ctx: StepContext) -> dict[str, dict[str, Any]]:
     lay, m = ctx.plan.layout, ctx.plan.model
     tokens = lay.microbatch_size * m.seq_len // lay.cp
     stream = tokens * m.hidden * ctx.comm_bytes
-    grads = 2 * sum(stage_params(ctx.plan, s).dense for s in range(lay.num_stages)) / lay.num_stages
+    grads = ctx.grad_bytes * sum(stage_params(ctx.plan, s).dense for s in range(lay.num_stages)) / lay.num_stages
     typical = {
         "tp": ("all_gather" if lay.sequence_parallel else "all_reduce", stream),
         "cp": ("p2p", stream),

@@ -5,11 +5,23 @@ gradients) of one microbatch on one model stage. Model stages number 0..S-1 with
 `stage_rank` says which pipeline rank holds each: round-robin for interleaved 1F1B (Narayanan et al. 2021),
 a "V" for ZBV and DualPipe-V (stage s and 2p-1-s on rank s; Qi et al. 2024; DeepSeek-V3 report §3.2.1).
 
-GPipe, 1F1B and interleaved 1F1B are written out by their published rules. ZB-H1, ZBV and DualPipe-V are built
-by the zero-bubble papers' own method: a greedy list schedule under unit costs (F = B = W), preferring backward
-work and capping in-flight microbatches at 1F1B's activation memory (Qi et al. 2024, §3 and appendix). Hand-written
-because torch.distributed.pipelining derives its orders from live PipelineStage objects and a process group, and
-importing torch would cost more than a whole 100k-GPU prediction.
+Every order is the one the executor runs: PyTorch 2.13's `torch.distributed.pipelining` schedule of the same
+name (tests/test_schedule_orders.py lists torch's per-rank actions and compares them action by action). Each is
+written here from the schedule's published rule — torch's ordering of it where the papers leave a choice — since
+importing torch to ask it would cost more than a whole 100k-GPU prediction:
+
+- GPipe (Huang et al. 2019): all forwards, then all backwards in microbatch order.
+- 1F1B (PipeDream-Flush, Narayanan et al. 2021): p-1-r warm-up forwards, then one forward and one backward in
+  turn, then the remaining backwards.
+- Interleaved 1F1B (Narayanan et al. 2021, §2.2.2; Megatron-LM's and torch's order).
+- ZB-H1 (Qi et al. 2024, §3.1; torch's ScheduleInterleavedZeroBubble with one stage per rank): 1F1B's order with
+  the backward split into B and W; rank r holds back the W of its first r backwards and afterwards runs the
+  oldest pending W after each backward, the rest at the end.
+- ZBV (Qi et al. 2024, §4, the handcrafted ZB-V; torch's ScheduleZBVZeroBubble).
+- DualPipe-V (DeepSeek-V3 report §3.2.1, DualPipe's "V" variant; torch's ScheduleDualPipeV): its main phase runs
+  forward-backward pairs of two microbatches on the two chunks as one overlapped unit (`overlap`), where the
+  expert-parallel all-to-all of one hides behind the other's compute. A full backward (B and W together, which
+  DualPipe runs outside its zero-bubble phases) is B immediately followed by its W.
 """
 
 from __future__ import annotations
@@ -28,11 +40,9 @@ class Action:
     kind: Kind
     microbatch: int
     stage: int
+    overlap: bool = False
+    """Part of an overlapped forward-backward pair (DualPipe): its all-to-all hides behind the pair's compute."""
 
-
-W_HOLDS = 0.5
-"""Share of a microbatch's activations a pending W still holds (the weight-GEMM inputs; about half of a layer's
-stored tensors, see twin/step/memory.py) when the greedy builder counts memory against its limit."""
 
 SPLIT_W = frozenset({"zb-h1", "zbv", "dualpipe-v"})
 V_SHAPED = frozenset({"zbv", "dualpipe-v"})
@@ -57,19 +67,17 @@ def build(schedule: str, pp: int, virtual_stages: int, microbatches: int) -> tup
 
 @lru_cache(maxsize=128)
 def _build(schedule: str, pp: int, v: int, m: int) -> tuple[tuple[Action, ...], ...]:
-    if schedule == "gpipe":
-        orders = [_gpipe(r, m) for r in range(pp)]
-    elif schedule == "1f1b":
-        orders = [_one_f_one_b(r, pp, m) for r in range(pp)]
-    elif schedule == "zb-h1":  # 1F1B's placement and memory; W fills what would idle (Qi et al. 2024, §3.1)
-        orders = _greedy(pp, m, [(r,) for r in range(pp)], [pp - r for r in range(pp)])
-    elif schedule == "interleaved-1f1b":
-        orders = [_interleaved(r, pp, v, m) for r in range(pp)]
-    elif schedule in V_SHAPED:  # stage s and 2p-1-s on rank s; a chunk is half a rank, so 2p is 1F1B's memory
-        orders = _greedy(pp, m, [(r, 2 * pp - 1 - r) for r in range(pp)], [2 * pp] * pp)
-    else:
+    rules = {
+        "gpipe": lambda r: _gpipe(r, m),
+        "1f1b": lambda r: _one_f_one_b(r, pp, m),
+        "interleaved-1f1b": lambda r: _interleaved(r, pp, v, m),
+        "zb-h1": lambda r: _zb_h1(r, pp, m),
+        "zbv": lambda r: _zbv(r, pp, m),
+        "dualpipe-v": lambda r: _DualPipeV(r, pp, m).actions(),
+    }
+    if schedule not in rules:
         raise ValueError(f"unknown schedule {schedule!r}")
-    return tuple(tuple(o) for o in orders)
+    return tuple(tuple(rules[schedule](r)) for r in range(pp))
 
 
 def _gpipe(r: int, m: int) -> list[Action]:
@@ -107,77 +115,136 @@ def _interleaved(r: int, p: int, v: int, m: int) -> list[Action]:
     return order + [bwd(k) for k in range(total - warmup, total)]
 
 
-def _greedy(p: int, m: int, stages: list[tuple[int, ...]], limits: list[int]) -> list[list[Action]]:
-    """Zero-bubble order by greedy list scheduling under unit costs (F = B = W = 1).
+def _zb_h1(r: int, p: int, m: int) -> list[Action]:
+    """ZB-H1: 1F1B's order with B split from W; rank r defers the W of its first r backwards, then runs the
+    oldest pending W after each backward; what is still pending runs at the end."""
+    order: list[Action] = []
+    pending: list[Action] = []
+    for a in _one_f_one_b(r, p, m):
+        order.append(a)
+        if a.kind == "B":
+            pending.append(Action("W", a.microbatch, r))
+            if a.microbatch >= r:
+                order.append(pending.pop(0))
+    return order + pending
 
-    Each time step every rank runs one ready action: the backward of its deepest stage first; else a forward
-    (deepest stage first) while the microbatches it holds activations for — forwards awaiting their backward, and
-    backwards awaiting their W, weighed at W_HOLDS — stay under `limits[r]`; else its oldest pending W. A result
-    reaches the next stage one step later.
-    """
-    n_stages = sum(len(s) for s in stages)
-    done: dict[tuple[Kind, int, int], int] = {}
-    orders: list[list[Action]] = [[] for _ in range(p)]
-    pending_w: list[list[Action]] = [[] for _ in range(p)]
-    inflight = [0] * p
-    next_f = {s: 0 for group in stages for s in group}
-    next_b = dict(next_f)
-    total, t = 3 * n_stages * m, 0
-    while sum(len(o) for o in orders) < total:
-        ran: list[tuple[Kind, int, int]] = []
-        for r in range(p):
-            room = inflight[r] + W_HOLDS * len(pending_w[r]) < limits[r]
-            action = _pick(t, m, n_stages, sorted(stages[r], reverse=True), done, next_f, next_b, room, pending_w[r])
-            if action is None:
-                continue
-            orders[r].append(action)
-            ran.append((action.kind, action.microbatch, action.stage))
-            if action.kind == "F":
-                next_f[action.stage] += 1
-                inflight[r] += 1
-            elif action.kind == "B":
-                next_b[action.stage] += 1
-                inflight[r] -= 1
-                pending_w[r].append(Action("W", action.microbatch, action.stage))
+
+def _zbv(r: int, p: int, m: int) -> list[Action]:
+    """ZB-V on ranks holding chunk 0 (stage r) and chunk 1 (stage 2p-1-r): warm-up of 2(p-r)-1 forwards of chunk
+    0, r pairs of chunk-1 and chunk-0 forwards, then p-r rounds of a chunk-1 forward with its B and W; a steady
+    phase of (F0, B0, W0, F1, B1, W1) until every forward has run; a cool-down of r (B0, B1) pairs and p-r
+    (B0, W0) pairs; the Ws of chunk 1, then chunk 0, left over. The pattern is laid out for at least 2p-1
+    microbatches; with fewer, the actions of microbatches that do not exist are dropped (as torch does)."""
+    n = max(2 * p - 1, m)
+    c0, c1 = r, 2 * p - 1 - r
+    count = {(k, c): 0 for k in "FBW" for c in (c0, c1)}
+    order: list[Action] = []
+
+    def run(kind: Kind, stage: int) -> None:
+        order.append(Action(kind, count[(kind, stage)], stage))
+        count[(kind, stage)] += 1
+
+    for _ in range(2 * (p - r) - 1):
+        run("F", c0)
+    for _ in range(r):
+        run("F", c1)
+        run("F", c0)
+    for _ in range(p - r):
+        run("F", c1)
+        run("B", c1)
+        run("W", c1)
+    while count[("F", c1)] < count[("F", c0)] or count[("F", c0)] < n:
+        if count[("F", c0)] < n:
+            run("F", c0)
+        run("B", c0)
+        run("W", c0)
+        run("F", c1)
+        run("B", c1)
+        run("W", c1)
+    for _ in range(r):
+        run("B", c0)
+        run("B", c1)
+    for _ in range(p - r):
+        run("B", c0)
+        run("W", c0)
+    while count[("W", c1)] < count[("B", c1)]:
+        run("W", c1)
+    while count[("W", c0)] < count[("B", c0)]:
+        run("W", c0)
+    return [a for a in order if a.microbatch < m]
+
+
+class _DualPipeV:
+    """DualPipe-V on one rank (chunk 0 = stage r, chunk 1 = stage 2p-1-r), in DualPipe's eight phases:
+    1 forwards of chunk 0; 2 forward pairs of both chunks; 3 chunk-1 B, a pending W, a chunk-1 F (zero bubble);
+    4 the main phase of overlapped pairs (F0 with a full B1, F1 with a full B0); 5 a full B1 and an overlapped
+    F1/B0; 6 full backwards of both chunks, the second half split into B and a deferred W (from the middle on,
+    chunk 1 first on odd ranks); 7 a pending W and a chunk-0 backward; 8 the pending Ws."""
+
+    def __init__(self, r: int, p: int, m: int) -> None:
+        self.r, self.p, self.m = r, p, m
+        self.c0, self.c1 = r, 2 * p - 1 - r
+        self.next: dict[tuple[str, int], int] = {}
+        self.pending_w: list[Action] = []
+        self.order: list[Action] = []
+
+    def _take(self, kind: str, stage: int) -> int:
+        j = self.next.get((kind, stage), 0)
+        self.next[(kind, stage)] = j + 1
+        return j
+
+    def forward(self, stage: int, overlap: bool = False) -> None:
+        self.order.append(Action("F", self._take("F", stage), stage, overlap))
+
+    def backward(self, stage: int, full: bool, overlap: bool = False) -> None:
+        j = self._take("B", stage)
+        self.order.append(Action("B", j, stage, overlap))
+        if full:
+            self.order.append(Action("W", j, stage, overlap))
+        else:
+            self.pending_w.append(Action("W", j, stage))
+
+    def weight(self) -> None:
+        if self.pending_w:
+            self.order.append(self.pending_w.pop(0))
+
+    def pair(self, forward: int, backward: int) -> None:
+        self.forward(forward, overlap=True)
+        self.backward(backward, full=True, overlap=True)
+
+    def actions(self) -> list[Action]:
+        r, p, m, c0, c1 = self.r, self.p, self.m, self.c0, self.c1
+        for _ in range(2 * (p - r - 1)):
+            self.forward(c0)
+        for _ in range(r + 1):
+            self.forward(c0)
+            self.forward(c1)
+        for _ in range(p - r - 1):
+            self.backward(c1, full=False)
+            self.weight()
+            self.forward(c1)
+        for i in range(m - 2 * p + r + 1):
+            if i == 0 and r == p - 1:  # the last rank does not overlap its first pair: a smaller bubble
+                self.forward(c0)
+                self.backward(c1, full=True)
             else:
-                pending_w[r].pop(0)
-        for key in ran:
-            done[key] = t
-        t += 1
-        if t > 10 * total:
-            raise RuntimeError(f"zero-bubble schedule construction stalled for pp={p}, microbatches={m}")
-    return orders
-
-
-def _pick(
-    t: int,
-    m: int,
-    n_stages: int,
-    deepest_first: list[int],
-    done: dict[tuple[Kind, int, int], int],
-    next_f: dict[int, int],
-    next_b: dict[int, int],
-    may_forward: bool,
-    pending_w: list[Action],
-) -> Action | None:
-    """The action a rank runs at time t in the greedy schedule (see _greedy)."""
-
-    def ready(key: tuple[Kind, int, int]) -> bool:
-        return key in done and done[key] < t
-
-    for s in deepest_first:
-        j = next_b[s]
-        upstream: tuple[Kind, int, int] = ("F", j, s) if s == n_stages - 1 else ("B", j, s + 1)
-        if j < m and j < next_f[s] and ready(upstream) and ready(("F", j, s)):
-            return Action("B", j, s)
-    if pending_w and not may_forward:
-        return pending_w[0]
-    if may_forward:
-        for s in deepest_first:
-            j = next_f[s]
-            if j < m and (s == 0 or ready(("F", j, s - 1))):
-                return Action("F", j, s)
-    return pending_w[0] if pending_w else None
+                self.pair(c0, c1)
+            self.pair(c1, c0)
+        for _ in range(p - r - 1):
+            self.backward(c1, full=True)
+            self.pair(c1, c0)
+        split = False
+        for i in range(r + 1):
+            split = split or (i == (r + 1) // 2 and r % 2 == 1)
+            self.backward(c1, full=not split)
+            split = split or (i == (r + 1) // 2 and r % 2 == 0)
+            self.backward(c0, full=not split)
+        for _ in range(p - r - 1):
+            self.weight()
+            self.backward(c0, full=not split)
+        for _ in range(r + 1):
+            self.weight()
+        return self.order
 
 
 def peak_live(order: tuple[Action, ...], weight: dict[int, float], kept_for_w: float = 0.0) -> float:
