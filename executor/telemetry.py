@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch
 
+from executor.contract import what_runs
 from plan.cluster import Cluster
 from plan.model_math import mfu
 from plan.records import DataVersion, EventRecord, LayerStatsRecord, RunManifest, StepRecord
@@ -109,17 +110,12 @@ def build_manifest(
     run_id: str, plan: Plan, device: str, world: int, hosts: list[str], data: DataVersion, command: list[str]
 ) -> RunManifest:
     commit, dirty = git_state()
-    # The manifest holds the plan as it ran: the executor's layers keep Q, K, V (and gate, up) as separate
-    # projections whatever the plan asked, and on CPUs it computes in fp32 (no autocast) — the twin prices the
-    # all-reduces and GEMMs from these fields.
-    training = plan.training if device == "cuda" else plan.training.model_copy(update={"dtype": "fp32"})
-    layout = plan.layout.model_copy(update={"fused_projections": False})
-    plan = plan.model_copy(update={"layout": layout, "training": training})
     canonical = plan.model_dump_json().encode()
     return RunManifest(
         run_id=run_id,
         created_unix=time.time(),
         plan=plan,
+        ran=what_runs(plan, device),
         plan_sha256=hashlib.sha256(canonical).hexdigest(),
         git_commit=commit,
         git_dirty=dirty,

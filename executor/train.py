@@ -31,6 +31,7 @@ import torch.distributed as dist
 
 from executor.checkpoint import Checkpointer
 from executor.ckpt_store import CheckpointError
+from executor.contract import what_runs
 from executor.data import DataError, Sampler, open_corpus, save_cursor
 from executor.elastic import RestartTimer, fit_world, gang_facts
 from executor.engine import StepResult, Trainer
@@ -349,6 +350,9 @@ def main(argv: list[str] | None = None) -> int:
     except (PlanError, LayoutError, ValueError) as exc:
         print(f"error: {_one_line(exc)}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    if int(os.environ.get("RANK", "0")) == 0:  # what runs otherwise than the plan says, once per gang
+        for line in what_runs(plan, device).mismatches:
+            print(f"warning: {line}", file=sys.stderr)
     dev = init_distributed(device, args.timeout_s)
     try:
         run_training(plan, args, dev)

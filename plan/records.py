@@ -158,6 +158,32 @@ class DataVersion(Section):
     """Vocabulary size of the tokenizer that made it."""
 
 
+class Ran(Section):
+    """What the executor ran, where it is more specific than the plan or differs from it. The plan stays as the
+    user wrote it; the twin prices a run by the plan with these applied (`plan_as_ran`)."""
+
+    dtype: Literal["fp32", "bf16", "fp8"]
+    """Dtype the matmuls ran in: fp32 on CPU (no autocast), bf16 autocast on GPU."""
+    fused_projections: bool
+    """Whether Q/K/V (and gate/up) ran as one GEMM; the executor's layers keep them apart."""
+    grad_reduce_dtype: Literal["bf16", "fp32"]
+    """Dtype of the data-parallel gradient reduction (the parameters' dtype: no mixed-precision reduce policy)."""
+    cp_algorithm: Literal["ring", "all-gather"]
+    """How context-parallel attention exchanged keys and values."""
+    schedule: str
+    """The torch.distributed.pipelining class that ran the plan's schedule ('none' without pipelining)."""
+    optimizer: str
+    """The optimizer as built, e.g. 'torch.optim.AdamW(foreach=False)' (single-tensor)."""
+    checkpoint: Literal["sync", "async", "none"]
+    """How checkpoints were written: sync, async (a background write after staging), or none."""
+    checkpoint_every_steps: NonNegativeInt
+    """Steps between checkpoints (0: not by steps)."""
+    checkpoint_interval_min: NonNegativeFloat | None
+    """Minutes between checkpoints (None: not by time)."""
+    mismatches: tuple[str, ...] = ()
+    """The plan's fields that ran otherwise, one line each, as warned at start."""
+
+
 class RunManifest(Section):
     """What a run was: the resolved plan, the code, the software and the hosts (experiment tracking)."""
 
@@ -167,7 +193,10 @@ class RunManifest(Section):
     created_unix: float
     """Start of the run (seconds since the epoch)."""
     plan: Plan
-    """The plan as resolved, overrides applied."""
+    """The plan as the user gave it, overrides applied."""
+    ran: Ran | None = None
+    """What the executor ran where it differs from the plan (absent in runs from before it was recorded, whose
+    `plan` already held what ran)."""
     plan_sha256: str
     """Hash of the plan's canonical JSON."""
     git_commit: str | None = None
@@ -230,6 +259,21 @@ def read_json_file(path: Path, model: type[M], fix: str) -> M:
         first = exc.errors(include_url=False)[0]
         loc = ".".join(str(p) for p in first["loc"])
         raise RecordError(f"{path}: {loc}: {first['msg']}") from None
+
+
+def plan_as_ran(manifest: RunManifest) -> Plan:
+    """The run's plan with what the executor actually ran applied: the plan the twin should price for it."""
+    ran = manifest.ran
+    if ran is None:
+        return manifest.plan
+    plan = manifest.plan
+    layout = plan.layout.model_copy(
+        update={"fused_projections": ran.fused_projections, "cp_algorithm": ran.cp_algorithm}
+    )
+    training = plan.training.model_copy(update={"dtype": ran.dtype, "grad_reduce_dtype": ran.grad_reduce_dtype})
+    checkpoint = plan.reliability.checkpoint if ran.checkpoint == "none" else ran.checkpoint
+    reliability = plan.reliability.model_copy(update={"checkpoint": checkpoint})
+    return plan.model_copy(update={"layout": layout, "training": training, "reliability": reliability})
 
 
 def read_manifest(run_dir: Path) -> RunManifest:

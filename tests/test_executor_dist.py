@@ -159,3 +159,6 @@ def test_readme_example_twin_execute_cpu_tiny(reference: dict[str, list[float]],
     manifest = read_manifest(run_dir)
     assert manifest.world_size == 8 and manifest.backend == "gloo" and manifest.data is not None
     assert manifest.plan.layout.dp == manifest.plan.layout.tp == manifest.plan.layout.pp == 2
+    # the plan as written (bf16), and what ran beside it (fp32 on CPU), warned about at start
+    assert manifest.plan.training.dtype == "bf16" and manifest.ran is not None and manifest.ran.dtype == "fp32"
+    assert manifest.ran.schedule == "Schedule1F1B" and "training.dtype: bf16 runs as fp32" in manifest.ran.mismatches[0]

@@ -12,7 +12,6 @@ from typing import Any
 
 import pytest
 import torch
-from torch.distributed.pipelining import schedules as torch_schedules
 
 from executor.pipeline import MULTI_STAGE, SINGLE_STAGE
 from twin.step.schedules import build, splits_weight_grad, stage_rank

@@ -1,10 +1,11 @@
 """What executor runs measured, reduced to what calibration compares: one steady-state step per plan.
 
-Runs of the same resolved plan (same `plan_sha256`) are repeats and are pooled. The first steps of a run pay for
-allocator warm-up, lazy initialisation and the first collectives' connection set-up (step 0 of a cpu-tiny run takes
-3x a later one), so each run's first `WARMUP_STEPS` steps are left out, as are steps replayed after a restart.
-Phases are averaged over the ranks of each pipeline coordinate: those ranks do the same work, and the twin
-simulates one of them.
+Runs of the same resolved plan (same `plan_sha256`) are repeats and are pooled. Each is priced as it ran: the plan
+with the manifest's `ran` section applied (fp32 matmuls on CPU, separate projections, fp32 reduction, ...). The
+first steps of a run pay for allocator warm-up, lazy initialisation and the first collectives' connection set-up
+(step 0 of a cpu-tiny run takes 3x a later one), so each run's first `WARMUP_STEPS` steps are left out, as are steps
+replayed after a restart. Phases are averaged over the ranks of each pipeline coordinate: those ranks do the same
+work, and the twin simulates one of them.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
-from plan.records import PHASES, RecordError, read_manifest, steps_frame
+from plan.records import PHASES, RecordError, plan_as_ran, read_manifest, steps_frame
 from plan.schema import Plan
 
 WARMUP_STEPS = 2
@@ -58,7 +59,7 @@ def read_measurements(run_dirs: list[Path], warmup: int = WARMUP_STEPS) -> list[
     groups: dict[str, list[tuple[Path, Plan]]] = {}
     for run_dir in run_dirs:
         manifest = read_manifest(run_dir)
-        groups.setdefault(manifest.plan_sha256, []).append((run_dir, manifest.plan))
+        groups.setdefault(manifest.plan_sha256, []).append((run_dir, plan_as_ran(manifest)))
     return [_pool(runs, warmup) for runs in groups.values()]
 
 

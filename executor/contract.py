@@ -1,0 +1,87 @@
+"""What the executor runs of a plan, honestly: the `ran` section of the manifest, and a warning for each of the
+plan's fields that runs otherwise here.
+
+The plan stays as the user wrote it; the twin prices a run by the plan with `ran` applied
+(`plan.records.plan_as_ran`), so predicted and measured compare the same computation. Each mismatch below is one
+line, naming the field, what runs instead, and why.
+"""
+
+from __future__ import annotations
+
+from plan.records import Ran
+from plan.schema import Plan
+
+SCHEDULE_CLASSES = {
+    "gpipe": "ScheduleGPipe",
+    "1f1b": "Schedule1F1B",
+    "interleaved-1f1b": "ScheduleInterleaved1F1B",
+    "zb-h1": "ScheduleInterleavedZeroBubble",
+    "zbv": "ScheduleZBVZeroBubble",
+    "dualpipe-v": "ScheduleDualPipeV",
+}
+"""The torch.distributed.pipelining class each plan schedule runs as (executor/pipeline.py builds them)."""
+
+
+def matmul_dtype(device: str) -> str:
+    """fp32 on CPU (no autocast: the sharded-against-reference tests compare in fp32); bf16 autocast on GPU."""
+    return "bf16" if device == "cuda" else "fp32"
+
+
+def optimizer_name(plan: Plan, device: str, sharded: bool) -> str:
+    """The optimizer as executor/engine.py builds it: fused on GPU when no parameter is a DTensor, else
+    single-tensor (foreach=False: torch's foreach path and DTensor parameters disagree on some ops)."""
+    kind = plan.training.optimizer
+    if kind == "sgd":
+        return "torch.optim.SGD(momentum=0.9)"
+    name = "AdamW" if kind == "adamw" else "Adam"
+    flag = "fused=True" if device == "cuda" and not sharded else "foreach=False"
+    return f"torch.optim.{name}({flag})"
+
+
+def what_runs(plan: Plan, device: str) -> Ran:
+    """The executor's `ran` section for `plan` on `device`, with the mismatches it warns about."""
+    lay, rel = plan.layout, plan.reliability
+    sharded = lay.tp > 1 or (lay.zero > 0 and lay.dp * lay.cp > 1)
+    interval = None if rel.checkpoint_interval_min == "auto" else float(rel.checkpoint_interval_min)
+    writes = bool(rel.checkpoint_every_steps or interval)
+    ran = Ran(
+        dtype=matmul_dtype(device),
+        fused_projections=False,
+        grad_reduce_dtype="fp32",
+        cp_algorithm="all-gather",
+        schedule=SCHEDULE_CLASSES[lay.schedule] if lay.pp > 1 else "none",
+        optimizer=optimizer_name(plan, device, sharded),
+        checkpoint=("sync" if rel.checkpoint == "sync" else "async") if writes else "none",
+        checkpoint_every_steps=rel.checkpoint_every_steps,
+        checkpoint_interval_min=interval,
+    )
+    return ran.model_copy(update={"mismatches": tuple(mismatches(plan, ran))})
+
+
+def mismatches(plan: Plan, ran: Ran) -> list[str]:
+    """One line per plan field that runs otherwise than the plan says."""
+    lay, tr, rel = plan.layout, plan.training, plan.reliability
+    out = []
+    if tr.dtype != ran.dtype:
+        why = "no autocast on CPU" if ran.dtype == "fp32" else "the executor autocasts matmuls to bf16"
+        out.append(f"training.dtype: {tr.dtype} runs as {ran.dtype} ({why})")
+    if lay.fused_projections:
+        out.append(
+            "layout.fused_projections: true runs as separate Q, K, V (and gate, up) projections (the executor's "
+            "layers), each with its own input-gradient all-reduce under tp"
+        )
+    if lay.dp * lay.cp > 1 and tr.reduce_dtype != ran.grad_reduce_dtype:
+        out.append(
+            f"training.grad_reduce_dtype: {tr.reduce_dtype} runs as {ran.grad_reduce_dtype} (parameters and their "
+            "gradients are fp32; no mixed-precision reduce policy)"
+        )
+    if lay.cp > 1 and lay.cp_algorithm != ran.cp_algorithm:
+        out.append(f"layout.cp_algorithm: {lay.cp_algorithm} runs as {ran.cp_algorithm} (the executor's CP attention)")
+    if rel.checkpoint == "in-memory":
+        out.append("reliability.checkpoint: in-memory runs as async writes to storage (no peer-memory copy)")
+    if rel.checkpoint_interval_min == "auto" and not rel.checkpoint_every_steps:
+        out.append(
+            "reliability.checkpoint_interval_min: auto (Young/Daly in the twin) takes no checkpoint by time here; "
+            "set checkpoint_every_steps or a number of minutes"
+        )
+    return out
