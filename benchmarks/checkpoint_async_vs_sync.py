@@ -39,7 +39,7 @@ def run(kind: str, steps: int, every: int, out: Path) -> dict[str, float]:
     cmd = [sys.executable, "-m", "executor.train", "--plan", "cpu-tiny", "--steps", str(steps), "--out", str(out)]
     cmd += [arg for item in sets for arg in ("--set", item)] + ["--no-progress", "--stats-every", "0"]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
-    subprocess.run(cmd, cwd=ROOT, env=env, check=True, capture_output=True, text=True)
+    subprocess.run(cmd, cwd=ROOT, env=env, check=True, capture_output=True, text=True, timeout=1800)
     records = [r for r in iter_records(out / "records.jsonl") if isinstance(r, StepRecord)]
     stalls = [r.phases.checkpoint for r in records if r.phases.checkpoint > 0 and r.step < steps - 1]
     plain = [r.step_s for r in records[1:] if r.phases.checkpoint == 0]  # step 0 pays for warm-up

@@ -91,14 +91,17 @@ def measure(setting: str, tmp: Path) -> dict[str, Any]:
             nodes.append(subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=sink, stderr=subprocess.STDOUT))
         time.sleep(0.5)  # the first node hosts the rendezvous store, which must outlive the lost one
     records = out / "records.jsonl"
+    deadline = time.monotonic() + 900
     while not records.exists() or not any(
         isinstance(r, StepRecord) and r.rank == 0 and r.step == KILL_AFTER for r in iter_records(records)
     ):
-        if any(n.poll() is not None for n in nodes):
-            raise SystemExit(f"{setting}: a node ended early; see {logs}")
+        if any(n.poll() is not None for n in nodes) or time.monotonic() > deadline:
+            for n in nodes:
+                kill_tree(n.pid)
+            raise SystemExit(f"{setting}: a node ended early or step {KILL_AFTER} never came; see {logs}")
         time.sleep(0.2)
     kill_tree(nodes[1].pid)
-    nodes[1].wait()
+    nodes[1].wait(timeout=60)
     if nodes[0].wait(timeout=900):
         raise SystemExit(f"{setting}: the surviving node failed; see {logs[0]}")
     events = [r for r in iter_records(records) if isinstance(r, EventRecord)]

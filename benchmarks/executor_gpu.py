@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -25,6 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from plan.records import StepRecord, iter_records  # noqa: E402
+from twin.cli.launch import free_port  # noqa: E402
 
 PLAN = "gpt-1b-h100"
 TINY = ["model=tiny", "cluster=localhost-cpu", "layout.microbatch_size=2", "training.global_batch=4"]
@@ -42,12 +42,6 @@ def parse_args() -> argparse.Namespace:
     return p.parse_args()
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def run_executor(args: argparse.Namespace, run_dir: Path, steps: int) -> None:
     overrides = [*(TINY if args.tiny else []), *args.overrides]
     cmd = [sys.executable, "-m", "executor.train", "--plan", PLAN, "--device", args.device, "--steps", str(steps)]
@@ -57,7 +51,7 @@ def run_executor(args: argparse.Namespace, run_dir: Path, steps: int) -> None:
     if args.device == "cuda" and not args.no_compile:
         cmd.append("--compile")
     env = {**os.environ, "PYTHONPATH": str(ROOT), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
-    subprocess.run(cmd, cwd=ROOT, env=env, check=True)
+    subprocess.run(cmd, cwd=ROOT, env=env, check=True, timeout=3600)
 
 
 def summarise(run_dir: Path, warmup: int) -> dict[str, object]:

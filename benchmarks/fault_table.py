@@ -42,7 +42,9 @@ def measure(kind: str, tmp: Path) -> dict[str, Any]:
     cmd = torchrun_command(
         "cpu-tiny", plan, overrides=SETS, steps=STEPS, device="cpu", out=out, inject=[fault], max_restarts=restarts
     )
-    proc = subprocess.run([*cmd, "--no-progress"], cwd=ROOT, env=child_env(1), capture_output=True, text=True)
+    proc = subprocess.run(
+        [*cmd, "--no-progress"], cwd=ROOT, env=child_env(1), capture_output=True, text=True, timeout=1800
+    )
     if proc.returncode:
         raise SystemExit(f"{kind}: the run failed:\n{proc.stderr[-3000:]}")
     events = [r for r in iter_records(out / "records.jsonl") if isinstance(r, EventRecord)]

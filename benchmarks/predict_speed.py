@@ -80,7 +80,10 @@ def main() -> None:
         os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
     t0 = time.perf_counter()  # a whole fresh `twin predict` process: interpreter, imports, cluster load, predict
     subprocess.run(
-        [sys.executable, "-m", "twin.cli", "predict", "reference-100k", "--json"], check=True, capture_output=True
+        [sys.executable, "-m", "twin.cli", "predict", "reference-100k", "--json"],
+        check=True,
+        capture_output=True,
+        timeout=300,
     )
     cold = time.perf_counter() - t0
     rows = [row(label, loader.load(src, sets)) for label, (src, sets) in CASES.items()]

@@ -20,13 +20,27 @@ BENCH_SCHEMA_VERSION: Final = 1
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "p2p")
 
 
+BUS_FACTORS: dict[str, str] = {
+    "all_reduce": "2(n-1)/n",
+    "all_gather": "(n-1)/n",
+    "reduce_scatter": "(n-1)/n",
+    "all_to_all": "(n-1)/n",
+    "broadcast": "1",
+    "reduce": "1",
+    "p2p": "1",
+}
+"""nccl-tests' bus-bandwidth factor of each operation over n ranks (doc/PERFORMANCE.md): busbw = algbw · factor.
+The one table the executor's benchmark and the twin's collective costs share."""
+
+
 def bus_factor(op: str, ranks: int) -> float:
-    """nccl-tests' bus-bandwidth factor of `op` over `ranks` ranks."""
-    if op == "all_reduce":
-        return 2 * (ranks - 1) / ranks
-    if op == "p2p":
-        return 1.0
-    return (ranks - 1) / ranks
+    """nccl-tests' bus-bandwidth factor of `op` over `ranks` ranks (BUS_FACTORS); 0 for a single rank."""
+    if op not in BUS_FACTORS:
+        raise ValueError(f"unknown collective {op!r}; one of {', '.join(BUS_FACTORS)}")
+    if ranks <= 1:
+        return 0.0
+    n = ranks
+    return {"2(n-1)/n": 2 * (n - 1) / n, "(n-1)/n": (n - 1) / n, "1": 1.0}[BUS_FACTORS[op]]
 
 
 class GemmPoint(Section):

@@ -13,7 +13,6 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from test_executor_dist import free_port  # pytest puts tests/ on the path
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -22,6 +21,7 @@ from torch.utils._pytree import tree_flatten
 from executor.model import build_stage_model
 from executor.parallel import apply_tensor_parallel
 from plan import loader
+from twin.cli.launch import free_port
 from twin.step.compute import DTENSOR_OPS_BACKWARD, DTENSOR_OPS_FORWARD
 from twin.step.costs import ADAM_DTENSOR_OPS
 

@@ -16,12 +16,13 @@ import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 import torch.distributed.pipelining.schedules as schedules
 import torch.multiprocessing as mp
-from test_executor_dist import SINGLE, free_port, run_variants  # pytest puts tests/ on the path; one gang launcher
+from test_executor_dist import SINGLE, run_variants  # pytest puts tests/ on the path; one gang launcher
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Partial, Replicate
 
 from executor.commtime import CommTimer, LinkModel
 from plan.records import StepRecord, iter_records
+from twin.cli.launch import free_port
 
 SLEEP_S = 0.3  # how long one rank holds its peer in a collective; the peer must see most of it
 BUDGET_S = 0.02  # the pipeline transfer estimate the test's p2p wait is capped at

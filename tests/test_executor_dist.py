@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+
+from twin.cli.launch import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 SINGLE = ["layout.dp=1", "layout.tp=1", "layout.pp=1", "layout.cp=1"]
@@ -69,12 +70,6 @@ EIGHT_RANKS_SLOW = {
     ],
     "dp2-pp2-cp2-zero1-1f1b": [*_pp("1f1b"), "layout.dp=2", "layout.cp=2", "layout.zero=1"],
 }
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def run_variants(variants: dict[str, list[str]], nproc: int, tmp: Path) -> dict[str, dict[str, list[float]]]:

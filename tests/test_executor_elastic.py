@@ -121,7 +121,7 @@ def test_losing_a_node_shrinks_the_gang_to_half_and_the_losses_carry_on(
             assert time.monotonic() < deadline and first.poll() is None and second.poll() is None
             time.sleep(0.2)
         kill_tree(second.pid)
-        second.wait()
+        second.wait(timeout=400)
         assert first.wait(timeout=400) == 0, (tmp_path / "agent-a.log").read_text()[-4000:]
     finally:
         for proc in (first, second):

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_executor_dist import free_port  # pytest puts tests/ on the path
 
 from plan.records import EventRecord, StepRecord, iter_records
+from twin.cli.launch import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 SINGLE = ["--set", "layout.dp=1", "--set", "layout.tp=1", "--set", "layout.pp=1"]

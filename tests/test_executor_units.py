@@ -13,7 +13,6 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from test_executor_dist import free_port  # pytest puts tests/ on the path
 
 from executor.commtime import CommTimer
 from executor.context_parallel import AllGatherAttention, local_positions, shard_sequence
@@ -25,7 +24,7 @@ from executor.pipeline import stage_layer_ids, stages_of_rank
 from executor.sanity import SpikeDetector
 from executor.telemetry import peak_flops_per_rank, stragglers
 from plan import loader
-from twin.cli.launch import torchrun_command
+from twin.cli.launch import free_port, torchrun_command
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -169,4 +168,4 @@ def test_twin_execute_builds_a_loopback_torchrun_command() -> None:
 def test_twin_does_not_import_the_executor() -> None:
     code = "import sys, twin.cli, twin.cli.launch; sys.exit(any(m.startswith('executor') for m in sys.modules))"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    assert subprocess.run([sys.executable, "-c", code], env=env, check=False).returncode == 0
+    assert subprocess.run([sys.executable, "-c", code], env=env, check=False, timeout=120).returncode == 0

@@ -82,3 +82,26 @@ def test_graph_of_a_16k_fabric(h100: Fabric) -> None:
 def test_span_is_cached(h100: Fabric) -> None:
     group = list(range(0, 8 * 64, 8))
     assert h100.span(group) is h100.span(group)
+
+
+@pytest.mark.parametrize(
+    ("name", "overrides", "expected_TBps"),
+    [
+        ("dgx-a100-superpod", {}, 1120 / 2 * 25 / 1e3),  # non-blocking: half the GPUs at their NIC bandwidth
+        ("dgx-a100-superpod", {"nodes": 280}, 2240 / 2 * 25 / 1e3),  # a what-if: twice the nodes, twice the cut
+        ("dgx-a100-superpod", {"nodes": 160, "fabric.tiers.spine.oversubscription": 4}, 1280 / 2 * 25 / 1e3 / 4),
+        ("meta-24k-h100-roce", {}, 24576 / 2 * 50 / 1e3 / 7),  # Meta's 1:7 aggregation layer (Gangidi et al. 2024)
+        ("dgx-h100-superpod", {"fabric.tiers.*.bandwidth_GBps": 100}, 16384 / 2 * 100 / 1e3),  # 800G NICs
+    ],
+)
+def test_bisection_bandwidth_is_the_closed_form(name: str, overrides: dict, expected_TBps: float) -> None:
+    cluster = load_cluster(name, overrides=overrides)
+    assert Fabric(cluster).bisection_Bps() / 1e12 == pytest.approx(expected_TBps, rel=1e-9)
+
+
+def test_bisection_of_a_torus_cuts_its_longest_dimension() -> None:
+    cluster = load_cluster("tpu-v5p-pod")
+    torus = cluster.fabric.torus
+    assert torus is not None
+    cut = cluster.gpus // max(torus.dims) * (2 if torus.wraparound else 1)
+    assert Fabric(cluster).bisection_Bps() == pytest.approx(cut * torus.link_bandwidth_GBps * 1e9)

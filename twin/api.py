@@ -37,11 +37,13 @@ from twin.cli.launch import DEFAULT_TIMEOUT_S, Launch, launch
 from twin.run import summary as run_summary
 from twin.run.reliability import daly_interval_s
 from twin.run.summary import RunPrediction, Sweep
+from twin.step.fabric import Fabric
 from twin.step.predict import PredictOptions, StepPrediction
 from twin.step.predict import predict as _predict
 
 if TYPE_CHECKING:
     from twin.calibrate.loop import Calibrated
+    from twin.calibrate.measured import Measurement
 
 PlanLike = Plan | str | Path | Mapping[str, Any]
 """A validated Plan, a preset name, a path to a plan YAML, or a plan as a mapping (the YAML's contents)."""
@@ -83,13 +85,16 @@ def load_cluster(name: str, overrides: Mapping[str, Any] | Iterable[str] = ()) -
     return load_cluster_what_if(name, overrides)[0]
 
 
-def facts(plan: PlanLike) -> dict[str, Any]:
-    """What follows from a plan and its cluster: sizes a user checks before running it."""
+def facts(plan: PlanLike, fabric: bool = False) -> dict[str, Any]:
+    """What follows from a plan and its cluster: sizes a user checks before running it. With `fabric`, also the
+    cluster's bisection bandwidth (a max-flow over its switch tiers; up to a few hundred ms on large fabrics)."""
     p = load_plan(plan)
     cluster = loader.plan_cluster(p)
     params = param_count(p.model)
     world = p.layout.world_size
+    extra = {"bisection_TBps": Fabric(cluster).bisection_Bps() / 1e12} if fabric else {}
     return {
+        **extra,
         "world_size": world,
         "nodes": -(-world // cluster.node.gpus),
         "cluster_gpus": cluster.gpus,
@@ -210,6 +215,18 @@ def _write_plan(plan: Plan, run_dir: Path) -> Path:
     path = run_dir / "plan.yaml"
     path.write_text(yaml.safe_dump(json.loads(plan.model_dump_json()), sort_keys=False))
     return path
+
+
+def measure(run_dirs: Path | Sequence[Path]) -> Measurement:
+    """The steady-state step of executor runs of one plan (repeats pooled; warm-up steps and replays left out),
+    with its plan as it ran (the manifest's `ran` applied) — what to predict and compare it with."""
+    from twin.calibrate.measured import read_measurements
+
+    dirs = [run_dirs] if isinstance(run_dirs, Path) else list(run_dirs)
+    found = read_measurements(dirs)
+    if len(found) != 1:
+        raise PlanError(f"measure: the runs hold {len(found)} different plans; give runs of one plan")
+    return found[0]
 
 
 def calibrate(

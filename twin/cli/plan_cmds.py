@@ -33,7 +33,7 @@ def validate(plan: PlanArg, overrides: SetOpt = None, as_json: JsonOpt = False) 
 def show(plan: PlanArg, overrides: SetOpt = None, as_json: JsonOpt = False) -> None:
     """Show the resolved plan and cluster, overrides applied (cluster what-ifs marked), with what follows."""
     p = api.load_plan(plan, overrides or [])
-    facts = api.facts(p)
+    facts = api.facts(p, fabric=True)
     cluster, what_if = api.cluster_what_if(p)
     if as_json:
         emit_json(

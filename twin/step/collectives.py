@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Literal
 
+from plan.bench import bus_factor
 from twin.step.fabric import GroupSpan
 
 Op = Literal["all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "p2p"]
@@ -33,10 +34,9 @@ TREE_BW_FACTOR = 0.92
 
 
 def busbw_factor(op: Op, n: int) -> float:
-    """nccl-tests' factor from algorithm bandwidth to bus bandwidth for `n` ranks."""
-    if n <= 1:
-        return 0.0
-    return {"all_reduce": 2 * (n - 1) / n, "broadcast": 1.0, "p2p": 1.0}.get(op, (n - 1) / n)
+    """nccl-tests' factor from algorithm bandwidth to bus bandwidth for `n` ranks (plan.bench.BUS_FACTORS, the
+    table the executor's benchmark uses too)."""
+    return bus_factor(op, n)
 
 
 @dataclass(frozen=True)

@@ -3,9 +3,10 @@
 Ranks fill accelerators in rank order (the rank grid keeps a TP group on consecutive ranks, so inside a node).
 A group's span is answered arithmetically from that placement — the tier whose domain holds every member, the
 members per node, the bottleneck bus bandwidth per rank and the switch hops — which is what keeps a 100k-GPU
-`predict` under a second. The networkx graph of the same fabric (GPUs, NVSwitches, rail leaves, spine and core
-switch groups, or the torus) is built on demand: tests check the arithmetic's hop counts against its shortest
-paths, and the dashboard draws it.
+`predict` under a second. networkx does what arithmetic does not: `bisection_Bps` is a maximum flow over the
+tree of switch domains (what `twin show` reports), and the GPU-level graph of the fabric (GPUs, NVSwitches, rail
+leaves, spine and core switch groups, or the torus), built on demand, is what the tests check the arithmetic's
+hop counts against with shortest paths.
 
 Bandwidth model (nccl-tests bus-bandwidth convention, NCCL's ring and tree topologies): inside a node a rank gets
 the intra-node link's bus bandwidth. A group with `m` members per node runs `m` rings (channels) whose
@@ -19,6 +20,7 @@ it by k.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -244,6 +246,56 @@ class Fabric:
         assert torus is not None
         # networkx grid_graph lists dims in reverse: its first coordinate is the last dim
         return int(np.ravel_multi_index(coord, tuple(reversed(torus.dims))))
+
+    def bisection_Bps(self) -> float:
+        """Bisection bandwidth of the scale-out fabric (bytes/s, one direction): the most traffic the first half of
+        the nodes can send the second half at once, as a maximum flow (networkx) over the tree of switch domains.
+
+        Each tier's domains are vertices; a domain's uplink into the tier above carries its GPUs' bandwidth through
+        that tier divided by the tier's over-subscription; a leaf domain split by the halving is two vertices, one
+        per side. A non-blocking fat tree gives half the GPUs times their NIC bandwidth; over-subscription k above
+        the leaves divides what crosses it by k. On a torus: the links a cut through the longest dimension crosses.
+        """
+        cluster = self.cluster
+        if cluster.fabric.torus is not None:
+            torus = cluster.fabric.torus
+            chips = int(np.prod(torus.dims))
+            cut_links = chips // max(torus.dims) * (2 if torus.wraparound else 1)
+            return cut_links * torus.link_bandwidth_GBps * GB
+        tiers = self.tiers[1:]
+        if not tiers:
+            return 0.0
+        g = nx.DiGraph()
+        half = cluster.nodes // 2
+        gpn = self.gpus_per_node
+        for node_lo in range(0, cluster.nodes, tiers[0].span_nodes):  # leaf domains, each split by the halving
+            leaf = node_lo // tiers[0].span_nodes
+            node_hi = min(cluster.nodes, node_lo + tiers[0].span_nodes)
+            for side, lo, hi in (("a", node_lo, min(node_hi, half)), ("b", max(node_lo, half), node_hi)):
+                if hi <= lo:
+                    continue
+                part = ("part", leaf, side)
+                inject = (hi - lo) * gpn * tiers[0].link_Bps / tiers[0].oversubscription
+                if side == "a":
+                    g.add_edge("src", part, capacity=inject)
+                else:
+                    g.add_edge(part, "dst", capacity=inject)
+                self._link(g, part, (1, leaf), inject)
+        for lower, upper in itertools.pairwise(tiers):
+            for domain in range(-(-cluster.nodes // lower.span_nodes)):
+                nodes = min(cluster.nodes, (domain + 1) * lower.span_nodes) - domain * lower.span_nodes
+                parent = domain * lower.span_nodes // upper.span_nodes
+                uplink = nodes * gpn * upper.link_Bps / upper.oversubscription
+                self._link(g, (lower.level, domain), (upper.level, parent), uplink)
+        if not (g.has_node("src") and g.has_node("dst")):
+            return 0.0
+        return float(nx.maximum_flow_value(g, "src", "dst"))
+
+    @staticmethod
+    def _link(g: nx.DiGraph, a: object, b: object, capacity: float) -> None:
+        """A full-duplex link: `capacity` each way."""
+        g.add_edge(a, b, capacity=capacity)
+        g.add_edge(b, a, capacity=capacity)
 
     def graph_hops(self, a: int, b: int) -> int:
         """Switch hops between ranks a and b along the graph's shortest path."""
