@@ -1,16 +1,75 @@
-"""Published training runs the twin is checked against, as plans: Narayanan et al. 2021 Table 1 (Megatron-LM's
-A100 weak-scaling table) and Llama 3 405B's Table 4. Used by tests and benchmarks/published_figures.py."""
+"""Published training runs the twin is checked against, as plans built the way each paper ran them, and each
+paper's own throughput convention. Data for tests and benchmarks/published_figures.py; the twin never reads it.
+
+Four development tables (every figure public; see ../shared/published and the sources in each row's docstring):
+
+- Narayanan et al. 2021 (SC21), Table 1: GPT 1.7B-1T on A100, Megatron-LM of 2021.
+- Megatron-Core r0.8.0's H100 weak-scaling table (NVIDIA/Megatron-LM README image, commit f2e5db402c, 2024-07).
+- Megatron-LM's A100 README table of 2022-05 to 2024-07 (Korthikanti et al. 2022's runs at DP = 1).
+- Llama 3 405B, Dubey et al. 2024, Table 4.
+
+Where a paper is silent, the choice below was fixed before any prediction was compared, and is said.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
+from plan import loader
 from plan.schema import Plan
+from twin import api
+
+A100_NODE_GPUS = 8
+
+
+MEGATRON_DEFAULT_VIRTUAL_STAGES = 1
+"""Where a Megatron run's interleaving is not published: Megatron's default, none
+(--num-layers-per-virtual-pipeline-stage / --virtual-pipeline-model-parallel-size default None; megatron/training/
+arguments.py), as ../shared/published/megatron-core-h100.md asks (its published defaults, not a choice per row)."""
+
+
+def _layout(tp: int, pp: int, dp: int, mbs: int, virtual: int, **extra: Any) -> dict[str, Any]:
+    interleaved = pp > 1 and virtual > 1
+    return {
+        "dp": dp,
+        "tp": tp,
+        "pp": pp,
+        "microbatch_size": mbs,
+        "schedule": "interleaved-1f1b" if interleaved else "1f1b",
+        "virtual_stages": virtual if interleaved else 1,
+        **extra,
+    }
+
+
+def _cluster(name: str, gpus: int, catalogue_gpus: int) -> dict[str, Any]:
+    """The catalogue cluster, grown by a what-if where the run used more GPUs than the catalogue file holds."""
+    nodes = -(-gpus // A100_NODE_GPUS)
+    return {"name": name, "overrides": {"nodes": nodes} if gpus > catalogue_gpus else {}}
+
+
+def _gpt(layers: int, hidden: int, heads: int, vocab: int, seq: int, tied: bool) -> dict[str, Any]:
+    """A GPT of the Megatron papers: 4h GeLU MLP, multi-head attention, LayerNorm, biases."""
+    return {
+        "layers": layers,
+        "hidden": hidden,
+        "heads": heads,
+        "ffn_hidden": 4 * hidden,
+        "vocab": vocab,
+        "seq_len": seq,
+        "glu": False,
+        "tied_embeddings": tied,
+    }
+
+
+# --- Narayanan et al. 2021, Table 1 ---------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
-class MegatronRow:
-    """One row of Narayanan et al. 2021, Table 1: GPT models with vocab 51,200 and sequence 2,048 on A100."""
+class NarayananRow:
+    """One row of Narayanan et al. 2021, Table 1: GPT with vocab 51,200 and sequence 2,048 on A100 (Selene), fp16,
+    full recompute. Micro-batch size and interleaving as the paper's own script sets them (Megatron-LM
+    examples/sc21/run_table_1.sh, commit 6985e58938)."""
 
     params_b: float
     heads: int
@@ -20,76 +79,218 @@ class MegatronRow:
     pp: int
     gpus: int
     batch: int
+    mbs: int
+    virtual: int
     tflops: float
     """Achieved TFLOP/s per GPU by the paper's formula F = 96·B·s·l·h²·(1 + s/6h + V/16lh), recompute included."""
 
 
 NARAYANAN_TABLE_1 = (
-    MegatronRow(1.7, 24, 2304, 24, 1, 1, 32, 512, 137),
-    MegatronRow(3.6, 32, 3072, 30, 2, 1, 64, 512, 138),
-    MegatronRow(7.5, 32, 4096, 36, 4, 1, 128, 512, 142),
-    MegatronRow(18.4, 48, 6144, 40, 8, 1, 256, 1024, 135),
-    MegatronRow(39.1, 64, 8192, 48, 8, 2, 512, 1536, 138),
-    MegatronRow(76.1, 80, 10240, 60, 8, 4, 1024, 1792, 140),
-    MegatronRow(145.6, 96, 12288, 80, 8, 8, 1536, 2304, 148),
-    MegatronRow(310.1, 128, 16384, 96, 8, 16, 1920, 2160, 155),
-    MegatronRow(529.6, 128, 20480, 105, 8, 35, 2520, 2520, 163),
-    MegatronRow(1008.0, 160, 25600, 128, 8, 64, 3072, 3072, 163),
+    NarayananRow(1.7, 24, 2304, 24, 1, 1, 32, 512, 16, 1, 137),
+    NarayananRow(3.6, 32, 3072, 30, 2, 1, 64, 512, 16, 1, 138),
+    NarayananRow(7.5, 32, 4096, 36, 4, 1, 128, 512, 16, 1, 142),
+    NarayananRow(18.4, 48, 6144, 40, 8, 1, 256, 1024, 8, 1, 135),
+    NarayananRow(39.1, 64, 8192, 48, 8, 2, 512, 1536, 4, 1, 138),
+    NarayananRow(76.1, 80, 10240, 60, 8, 4, 1024, 1792, 2, 3, 140),
+    NarayananRow(145.6, 96, 12288, 80, 8, 8, 1536, 2304, 2, 2, 148),
+    NarayananRow(310.1, 128, 16384, 96, 8, 16, 1920, 2160, 1, 2, 155),
+    NarayananRow(529.6, 128, 20480, 105, 8, 35, 2520, 2520, 1, 3, 163),
+    NarayananRow(1008.0, 160, 25600, 128, 8, 64, 3072, 3072, 1, 1, 163),
 )
 
 
-def megatron_plan(row: MegatronRow) -> Plan:
-    """The row as the paper ran it: interleaved schedule (two chunks) where pp > 1, full recompute, mbs 1."""
+def narayanan_plan(row: NarayananRow) -> Plan:
     dp = row.gpus // (row.tp * row.pp)
-    pipelined = row.pp > 1
-    nodes = -(-row.gpus // 8)  # the SuperPOD file holds 140 nodes; the paper's Selene had more: a what-if
-    return Plan.model_validate(
+    return api.load_plan(
         {
-            "name": f"megatron-{row.params_b:g}b",
-            "model": {
-                "layers": row.layers,
-                "hidden": row.hidden,
-                "heads": row.heads,
-                "ffn_hidden": 4 * row.hidden,
-                "vocab": 51200,
-                "seq_len": 2048,
-                "glu": False,
-                "tied_embeddings": True,
-            },
-            "cluster": {"name": "dgx-a100-superpod", "overrides": {"nodes": nodes} if nodes > 140 else {}},
-            "layout": {
-                "dp": dp,
-                "tp": row.tp,
-                "pp": row.pp,
-                "microbatch_size": 1,
-                "recompute": "full",
-                "schedule": "interleaved-1f1b" if pipelined else "1f1b",
-                "virtual_stages": 2 if pipelined else 1,
-            },
-            "training": {"global_batch": row.batch, "tokens": 300e9, "dtype": "bf16"},
+            "name": f"narayanan-{row.params_b:g}b",
+            "model": _gpt(row.layers, row.hidden, row.heads, 51200, 2048, tied=True),
+            "cluster": _cluster("dgx-a100-superpod", row.gpus, 1120),
+            "stack": "megatron-lm-2021",
+            "layout": _layout(row.tp, row.pp, dp, row.mbs, row.virtual, recompute="full"),
+            "training": {"global_batch": row.batch, "tokens": 300e9, "dtype": "fp16"},
         }
     )
 
 
-def megatron_tflops(row: MegatronRow, step_s: float) -> float:
+def narayanan_tflops(row: NarayananRow, step_s: float) -> float:
     """The paper's per-GPU TFLOP/s for a step of `step_s` seconds (its F formula, which counts recompute)."""
     s, h, lay, v = 2048, row.hidden, row.layers, 51200
     flops = 96 * row.batch * s * lay * h**2 * (1 + s / (6 * h) + v / (16 * lay * h))
     return flops / step_s / row.gpus / 1e12
 
 
+# --- Megatron-Core r0.8.0 on H100 -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class McoreRow:
+    """One row of Megatron-Core r0.8.0's H100 weak-scaling table (../shared/published/megatron-core-h100.md): GPT
+    with vocab 131,072 and sequence 4,096, DP 48, bf16, and where the README is silent Megatron-Core's defaults:
+    no recompute (the 462B row fits without it), micro-batch 1, no interleaving."""
+
+    name: str
+    heads: int
+    hidden: int
+    layers: int
+    tp: int
+    pp: int
+    dp: int
+    batch: int
+    tflops: float
+    """TFLOP/s per GPU by Megatron-Core's num_floating_point_operations (no recompute)."""
+
+
+MCORE_H100 = (
+    McoreRow("1.7B", 16, 2048, 24, 1, 1, 48, 192, 408.8),
+    McoreRow("7.1B", 32, 4096, 30, 2, 1, 48, 192, 465.9),
+    McoreRow("16B", 48, 6144, 32, 4, 1, 48, 192, 489.1),
+    McoreRow("32B", 56, 7168, 48, 8, 1, 48, 192, 459.6),
+    McoreRow("70B", 64, 8192, 84, 8, 2, 48, 384, 419.7),
+    McoreRow("119B", 80, 10240, 92, 8, 4, 48, 768, 420.5),
+    McoreRow("177B", 96, 12288, 96, 8, 6, 48, 1152, 432.8),
+    McoreRow("314B", 128, 16384, 96, 8, 8, 48, 1536, 474.4),
+    McoreRow("462B", 144, 18432, 112, 8, 16, 48, 3072, 459.9),
+)
+
+
+def mcore_plan(row: McoreRow) -> Plan:
+    return api.load_plan(
+        {
+            "name": f"mcore-h100-{row.name.lower()}",
+            "model": _gpt(row.layers, row.hidden, row.heads, 131072, 4096, tied=False),
+            "cluster": _cluster("dgx-h100-superpod", row.tp * row.pp * row.dp, 16384),
+            "stack": "megatron-core-0.8",
+            "layout": _layout(
+                row.tp,
+                row.pp,
+                row.dp,
+                1,
+                MEGATRON_DEFAULT_VIRTUAL_STAGES,
+                zero=1,
+                sequence_parallel=row.tp > 1,
+            ),
+            "training": {"global_batch": row.batch, "tokens": 300e9, "dtype": "bf16"},
+        }
+    )
+
+
+def mcore_tflops(row: McoreRow, step_s: float) -> float:
+    """Megatron-Core's per-GPU TFLOP/s (training.py num_floating_point_operations) for GPT rows: no recompute, full
+    (uncausal) attention, untied logits: 72·B·s·l·h²·(1 + s/6h + V/12lh)."""
+    s, h, lay, v = 4096, row.hidden, row.layers, 131072
+    flops = 72 * row.batch * s * lay * h**2 * (1 + s / (6 * h) + v / (12 * lay * h))
+    return flops / step_s / (row.tp * row.pp * row.dp) / 1e12
+
+
+# --- Megatron-LM A100 README table (Korthikanti et al. 2022), DP = 1 -------------------------------------------
+
+
+@dataclass(frozen=True)
+class KorthikantiRow:
+    """One row of Megatron-LM's A100 README table (2022-05 to 2024-07), measured at DP = 1 with sequence
+    parallelism and selective recompute: GPT, vocab 51,200, sequence 2,048, on Selene. Layouts from Korthikanti et
+    al. 2022 (Table 3); fp16 and interleaving are not stated — fp16 as the 2021 script, no interleaving (Megatron's
+    default)."""
+
+    name: str
+    heads: int
+    hidden: int
+    layers: int
+    tp: int
+    pp: int
+    batch: int
+    mbs: int
+    mfu: float
+    hfu: float
+
+
+KORTHIKANTI_A100 = (
+    KorthikantiRow("22B", 64, 6144, 48, 8, 1, 4, 4, 0.415, 0.437),
+    KorthikantiRow("175B", 96, 12288, 96, 8, 8, 64, 1, 0.514, 0.528),
+    KorthikantiRow("530B", 128, 20480, 105, 8, 35, 280, 1, 0.560, 0.570),
+    KorthikantiRow("1T", 160, 25600, 128, 8, 64, 512, 1, 0.563, 0.570),
+)
+
+
+def korthikanti_plan(row: KorthikantiRow) -> Plan:
+    return api.load_plan(
+        {
+            "name": f"megatron-a100-{row.name.lower()}",
+            "model": _gpt(row.layers, row.hidden, row.heads, 51200, 2048, tied=True),
+            "cluster": _cluster("dgx-a100-superpod", row.tp * row.pp, 1120),
+            "stack": "megatron-lm-2022",
+            "layout": _layout(
+                row.tp,
+                row.pp,
+                1,
+                row.mbs,
+                MEGATRON_DEFAULT_VIRTUAL_STAGES,
+                recompute="selective",
+                sequence_parallel=True,
+            ),
+            "training": {"global_batch": row.batch, "tokens": 300e9, "dtype": "fp16"},
+        }
+    )
+
+
+def korthikanti_mfu(row: KorthikantiRow, step_s: float) -> float:
+    """The README's MFU (Korthikanti et al. 2022): 72·B·s·l·h²·(1 + s/6h + V/12lh) FLOPs per step over the A100's
+    312 TFLOP/s."""
+    s, h, lay, v = 2048, row.hidden, row.layers, 51200
+    flops = 72 * row.batch * s * lay * h**2 * (1 + s / (6 * h) + v / (12 * lay * h))
+    return flops / step_s / (row.tp * row.pp) / 312e12
+
+
+# --- Llama 3 405B, Table 4 ------------------------------------------------------------------------------------
+
+
 @dataclass(frozen=True)
 class LlamaRow:
-    """Llama 3 405B pre-training, Dubey et al. 2024, Table 4 (BF16 MFU)."""
+    """Llama 3 405B pre-training, Dubey et al. 2024, Table 4 (BF16 MFU by Chowdhery et al.'s convention): TP8,
+    PP16, no activation recompute at 8k tokens (§3.3.2), 16M tokens per step. The 131k row reads DP 8 (the table
+    prints 4 in one version; only 8 gives 16,384 GPUs and 16M tokens)."""
 
     gpus: int
+    cp: int
     dp: int
+    seq: int
     batch_per_dp: int
     tflops: float
     mfu: float
 
 
-LLAMA3_TABLE_4 = (LlamaRow(8192, 64, 32, 430, 0.43), LlamaRow(16384, 128, 16, 400, 0.41))
+LLAMA3_TABLE_4 = (
+    LlamaRow(8192, 1, 64, 8192, 32, 430, 0.43),
+    LlamaRow(16384, 1, 128, 8192, 16, 400, 0.41),
+    LlamaRow(16384, 16, 8, 131072, 16, 380, 0.38),
+)
+
+
+def llama_plan(row: LlamaRow) -> Plan:
+    """The row on the llama3-405b-16k preset's cluster and stack: interleaved 1F1B (not published: the preset's
+    two chunks), no recompute, CP by all-gather (§3.3.2)."""
+    return api.load_plan(
+        {
+            "name": f"llama3-405b-{row.gpus}-cp{row.cp}",
+            "model": {**loader.expand_model({"model": "llama3-405b"}, "llama3")["model"], "seq_len": row.seq},
+            "cluster": "meta-24k-h100-roce",
+            "stack": "llama3",
+            "layout": _layout(
+                8,
+                16,
+                row.dp,
+                1,
+                2,
+                cp=row.cp,
+                cp_algorithm="all-gather",
+                zero=1,
+                sequence_parallel=True,
+                rank_order="tp-cp-pp-dp",
+            ),
+            "training": {"global_batch": row.dp * row.batch_per_dp, "tokens": 15.6e12, "dtype": "bf16"},
+        }
+    )
 
 
 LLAMA3_TABLE_5 = {

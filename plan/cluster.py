@@ -50,6 +50,9 @@ class Accelerator(Sourced):
     """Kind of device; a `cpu` device is a rank slot on host cores (executor runs on CPU machines)."""
     peak_tflops: dict[str, PositiveFloat]
     """Dense peak throughput per dtype (TFLOP/s), without structured sparsity."""
+    sm_count: PositiveInt | None = None
+    """Streaming multiprocessors (count): a GEMM runs in waves of one output tile per SM, which sets its
+    quantization loss; unset for devices priced by a measured GEMM curve instead (CPU hosts)."""
     hbm_GB: PositiveFloat
     """Device memory (1e9 bytes)."""
     hbm_bandwidth_GBps: PositiveFloat
@@ -68,19 +71,52 @@ class Accelerator(Sourced):
         return v
 
 
+class AttentionTable(Section):
+    """A fused attention kernel's measured throughput by sequence length at one head width, causal, in the
+    flash-attention benchmark's convention: forward 4·b·s²·heads·head_dim / 2 FLOPs, backward 2.5 times that."""
+
+    head_dim: PositiveInt
+    """Head width the table was measured at (elements)."""
+    seq: tuple[PositiveInt, ...]
+    """Sequence lengths measured (tokens), ascending."""
+    forward_tflops: tuple[PositiveFloat, ...] | None = None
+    """Forward TFLOP/s at each length."""
+    backward_tflops: tuple[PositiveFloat, ...] | None = None
+    """Backward TFLOP/s at each length."""
+    fwd_bwd_tflops: tuple[PositiveFloat, ...] | None = None
+    """Forward and backward together, where the source publishes only that (3.5x the forward's FLOPs)."""
+
+    @model_validator(mode="after")
+    def _check(self) -> AttentionTable:
+        split = self.forward_tflops is not None and self.backward_tflops is not None
+        if split == (self.fwd_bwd_tflops is not None):
+            raise ValueError("give forward_tflops and backward_tflops, or fwd_bwd_tflops")
+        for values in (self.forward_tflops, self.backward_tflops, self.fwd_bwd_tflops):
+            if values is not None and len(values) != len(self.seq):
+                raise ValueError(f"{len(values)} throughputs for {len(self.seq)} sequence lengths")
+        if list(self.seq) != sorted(set(self.seq)):
+            raise ValueError("seq: lengths must be distinct and ascending")
+        return self
+
+
 class ComputeEfficiency(Sourced):
-    """How close real kernels come to the accelerator's peak (a saturating curve the twin evaluates per GEMM)."""
+    """How close real kernels come to the accelerator's peak."""
 
     gemm_peak_fraction: dict[str, PositiveFloat]
-    """Highest fraction of peak FLOP/s a large GEMM reaches, per dtype (0-1]."""
-    gemm_half_gflop: PositiveFloat
-    """GEMM size at which it reaches half of that fraction (GFLOP); sets how fast small GEMMs fall off."""
+    """Fraction of peak FLOP/s a full wave of a transformer-sized GEMM reaches, per dtype (0-1]."""
+    gemm_half_gflop: PositiveFloat | None = None
+    """Without an SM count (CPU hosts): GEMM size at which it reaches half of that fraction (GFLOP), a measured
+    saturating curve."""
+    attention: dict[str, tuple[AttentionTable, ...]] = Field(default_factory=dict)
+    """Fused attention kernels (fa2, fa3, cudnn, ...) and their measured throughput tables by head width."""
     kernel_overhead_us: NonNegativeFloat
     """Fixed cost per kernel or framework op: launch and dispatch (microseconds)."""
     memory_bandwidth_fraction: PositiveFloat = Field(le=1)
-    """Fraction of HBM bandwidth that memory-bound kernels (norms, activations, optimizer) reach."""
-    attention_peak_fraction: float | None = Field(default=None, gt=0, le=1)
-    """Fraction of the bf16 peak a fused causal attention kernel reaches; unset: the GEMM curve applies."""
+    """Fraction of HBM bandwidth that tuned memory-bound kernels (fused multi-tensor optimizers, hand-written
+    reductions) reach."""
+    elementwise_bandwidth_fraction: float | None = Field(default=None, gt=0, le=1)
+    """Fraction of HBM bandwidth a framework's element-wise and normalisation kernels reach (norms, activations,
+    dropout, residual adds, softmax, losses); unset: memory_bandwidth_fraction."""
     layer_overhead_us: NonNegativeFloat = 0.0
     """Fixed host cost of running one layer for one microbatch, each way: the module call, hooks and autograd
     bookkeeping around its ops (microseconds); 0 where asynchronous launch hides it behind device work."""
@@ -281,6 +317,16 @@ class Calibration(Section):
     """Run-to-run spread of measured step times: relative standard deviation over repeats and steps."""
 
 
+class AcceleratorFile(Section):
+    """An accelerator of the catalogue (topologies/accelerators/NAME.yaml): the chip and its kernel-level
+    efficiencies, which cluster files name instead of repeating them."""
+
+    schema_version: Literal[1] = CLUSTER_SCHEMA_VERSION
+    """Version of this file format."""
+    accelerator: Accelerator
+    compute: ComputeEfficiency
+
+
 class Cluster(Section):
     """A whole cluster: `nodes` identical servers on one fabric."""
 
@@ -317,6 +363,8 @@ class Cluster(Section):
                 f"fabric.tiers: the outermost tier spans {self.fabric.tiers[-1].span_nodes} nodes, "
                 f"fewer than nodes={self.nodes}; add a tier that spans the whole cluster"
             )
+        if self.accelerator.sm_count is None and self.compute.gemm_half_gflop is None:
+            raise ValueError("compute.gemm_half_gflop: required when accelerator.sm_count is not given")
         if self.fabric.torus is not None:
             chips = 1
             for d in self.fabric.torus.dims:

@@ -16,11 +16,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
-from plan.cluster import Cluster
+from plan.cluster import AcceleratorFile, Cluster
 from plan.files import PlanError, format_validation_error, read_yaml
 
 TOPOLOGY_DIR = Path(__file__).resolve().parent.parent / "topologies"
@@ -68,7 +68,7 @@ def apply_what_if(data: dict[str, Any], overrides: Mapping[str, Any], origin: st
     for path, value in overrides.items():
         parts = [p for p in str(path).split(".") if p]
         if not parts:
-            raise PlanError(f"{origin}: cluster.overrides: an empty field path; write e.g. nodes: 560")
+            raise PlanError(f"{origin}: overrides: an empty field path; write e.g. nodes: 560")
         paths += _set(out, parts, value, [], origin, str(path))
     derived: dict[str, str] = {}
     tiers = (out.get("fabric") or {}).get("tiers") or []
@@ -85,7 +85,7 @@ def apply_what_if(data: dict[str, Any], overrides: Mapping[str, Any], origin: st
 def _set(node: Any, parts: list[str], value: Any, done: list[str], origin: str, written: str) -> list[str]:
     """Set `value` at `parts` below `node`; the concrete paths set (several where a `*` fans out)."""
     head, rest = parts[0], parts[1:]
-    where = ".".join(done) or "the cluster"
+    where = ".".join(done) or "the file"
     if isinstance(node, list):
         out: list[str] = []
         for i in _indices(node, head, where, origin, written):
@@ -96,15 +96,13 @@ def _set(node: Any, parts: list[str], value: Any, done: list[str], origin: str, 
                 out.append(".".join([*done, str(i)]))
         return out
     if not isinstance(node, dict):
-        raise PlanError(f"{origin}: cluster.overrides.{written}: {where} is a value, not a section; set {where}")
+        raise PlanError(f"{origin}: overrides.{written}: {where} is a value, not a section; set {where}")
     if not rest:
         node[head] = copy.deepcopy(value)
         return [".".join([*done, head])]
     if head not in node or not isinstance(node[head], dict | list):
         known = ", ".join(k for k, v in node.items() if isinstance(v, dict | list)) or "none"
-        raise PlanError(
-            f"{origin}: cluster.overrides.{written}: {where} has no section {head!r}; its sections are {known}"
-        )
+        raise PlanError(f"{origin}: overrides.{written}: {where} has no section {head!r}; its sections are {known}")
     return _set(node[head], rest, value, [*done, head], origin, written)
 
 
@@ -119,29 +117,64 @@ def _indices(items: list[Any], key: str, where: str, origin: str, written: str) 
         return named
     names = [str(item.get("name")) for item in items if isinstance(item, dict) and "name" in item]
     choices = f"0-{len(items) - 1}" + (f", or a name: {', '.join(names)}" if names else "") + ", or *"
-    raise PlanError(f"{origin}: cluster.overrides.{written}: {where} has no element {key!r}; use an index {choices}")
+    raise PlanError(f"{origin}: overrides.{written}: {where} has no element {key!r}; use an index {choices}")
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+ACCELERATOR_DIR = TOPOLOGY_DIR / "accelerators"
+
+
+def accelerator_names() -> list[str]:
+    """Names of the accelerators in topologies/accelerators/."""
+    return sorted(p.stem for p in ACCELERATOR_DIR.glob("*.yaml"))
+
+
+def expand_accelerator(data: dict[str, Any], origin: str) -> dict[str, Any]:
+    """A cluster file's contents with an accelerator given by name replaced by the catalogue's chip and its
+    kernel-level efficiencies (a `compute` section in the cluster file itself wins)."""
+    name = data.get("accelerator")
+    if not isinstance(name, str):
+        return data
+    path = ACCELERATOR_DIR / f"{name}.yaml"
+    if not path.is_file():
+        raise PlanError(f"{origin}: accelerator: unknown accelerator {name!r}; one of {', '.join(accelerator_names())}")
+    try:
+        entry = AcceleratorFile.model_validate(read_yaml(path))
+    except ValidationError as exc:
+        raise PlanError(format_validation_error(exc, AcceleratorFile, str(path))) from None
+    out = {**data, "accelerator": entry.accelerator.model_dump(mode="json", exclude_none=True)}
+    out.setdefault("compute", entry.compute.model_dump(mode="json", exclude_none=True))
+    return out
 
 
 @lru_cache(maxsize=256)
-def _load_cached(path: Path, mtime_ns: int, overrides_json: str) -> tuple[Cluster, WhatIf]:
+def _load_cached(model: type[M], path: Path, mtime_ns: int, overrides_json: str) -> tuple[M, WhatIf]:
     data = read_yaml(path)
+    if model is Cluster:
+        data = expand_accelerator(data, str(path))
     overrides = json.loads(overrides_json)
     origin = str(path) if not overrides else f"{path} with what-if overrides"
     resolved, what_if = apply_what_if(data, overrides, origin) if overrides else (data, WhatIf((), {}))
     try:
-        return Cluster.model_validate(resolved), what_if
+        return model.model_validate(resolved), what_if
     except ValidationError as exc:
-        raise PlanError(format_validation_error(exc, Cluster, origin)) from None
+        raise PlanError(format_validation_error(exc, model, origin)) from None
+
+
+def load_what_if(model: type[M], path: Path, overrides: Mapping[str, Any] | None) -> tuple[M, WhatIf]:
+    """A file validated as `model` with what-if overrides applied, and what they did (cached per file,
+    modification time and overrides, in the order given: a later override wins)."""
+    path = path.resolve()
+    return _load_cached(model, path, path.stat().st_mtime_ns, json.dumps(dict(overrides or {}), default=str))
 
 
 def load_cluster_what_if(
     name: str, overrides: Mapping[str, Any] | None = None, relative_to: Path | None = None
 ) -> tuple[Cluster, WhatIf]:
-    """A cluster by catalogue name or path with what-if overrides applied, and what they did (cached per file,
-    modification time and overrides)."""
-    path = resolve_cluster_path(name, relative_to).resolve()
-    key = json.dumps(dict(overrides or {}), default=str)  # in the order given: a later override wins
-    return _load_cached(path, path.stat().st_mtime_ns, key)
+    """A cluster by catalogue name or path with what-if overrides applied, and what they did."""
+    return load_what_if(Cluster, resolve_cluster_path(name, relative_to), overrides)
 
 
 def load_cluster(name: str, relative_to: Path | None = None, overrides: Mapping[str, Any] | None = None) -> Cluster:

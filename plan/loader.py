@@ -16,7 +16,10 @@ from pydantic import ValidationError
 from plan.cluster import FAILURE_COMPONENTS, Cluster
 from plan.clusters import TOPOLOGY_DIR, cluster_names, load_cluster, resolve_cluster_path
 from plan.files import PlanError, format_validation_error, parse_override, read_yaml
+from plan.refs import DEFAULT_STACK as DEFAULT_STACK_NAME
 from plan.schema import Plan
+from plan.stack import Stack
+from plan.stacks import load_stack, resolve_stack_path, stack_names
 
 __all__ = [  # what the rest of the project reaches through the loader
     "TOPOLOGY_DIR",
@@ -29,6 +32,7 @@ __all__ = [  # what the rest of the project reaches through the loader
     "plan_cluster",
     "read_yaml",
     "resolve_cluster_path",
+    "stack_names",
     "validate_plan",
 ]
 
@@ -53,12 +57,13 @@ def apply_overrides(data: dict[str, Any], overrides: Iterable[str]) -> dict[str,
     """Return a copy of `data` with each `section.field=value` set; intermediate sections are created.
 
     `cluster.FIELD.PATH=value` (anything under `cluster` but its `name`) is a what-if on the cluster: it joins
-    `cluster.overrides` under the dotted path (plan/clusters.py); `cluster=NAME` names another cluster."""
+    `cluster.overrides` under the dotted path (plan/clusters.py); `cluster=NAME` names another cluster. The same
+    for `stack`."""
     out = json.loads(json.dumps(data, default=str))
     for item in overrides:
         path, value = parse_override(item)
-        if path[0] == "cluster":
-            out["cluster"] = _cluster_override(out.get("cluster"), path[1:], value)
+        if path[0] in ("cluster", "stack"):
+            out[path[0]] = _ref_override(out.get(path[0]), path[1:], value)
             continue
         node = out
         for part in path[:-1]:
@@ -72,8 +77,8 @@ def apply_overrides(data: dict[str, Any], overrides: Iterable[str]) -> dict[str,
     return out
 
 
-def _cluster_override(current: Any, path: list[str], value: Any) -> Any:
-    """The plan's `cluster` entry after one `--set cluster...=value`."""
+def _ref_override(current: Any, path: list[str], value: Any) -> Any:
+    """The plan's `cluster` (or `stack`) entry after one `--set cluster...=value`."""
     if not path:
         if isinstance(value, str) and isinstance(current, dict):
             return {**current, "name": value}
@@ -138,7 +143,11 @@ def validate_plan(data: Mapping[str, Any], origin: str = "plan", relative_to: Pa
         if not cluster_path.resolve().is_relative_to(TOPOLOGY_DIR.resolve()):  # keep a path valid from any cwd
             ref = plan.cluster.model_copy(update={"name": str(cluster_path.resolve())})
             plan = plan.model_copy(update={"cluster": ref})
+        stack_path = resolve_stack_path(plan.stack.name, relative_to)
+        if stack_path.resolve().parent != resolve_stack_path(DEFAULT_STACK_NAME).parent:
+            plan = plan.model_copy(update={"stack": plan.stack.model_copy(update={"name": str(stack_path.resolve())})})
         cluster = plan_cluster(plan)
+        plan_stack(plan)
     except PlanError as exc:
         raise PlanError(f"{origin}: {exc}") from None
     check_fits_cluster(plan, cluster, origin)
@@ -177,6 +186,11 @@ def check_fits_cluster(plan: Plan, cluster: Cluster, origin: str = "plan") -> No
         raise PlanError(
             f"{origin}: reliability.failure_rates: unknown component(s) {unknown}; use {', '.join(FAILURE_COMPONENTS)}"
         )
+
+
+def plan_stack(plan: Plan) -> Stack:
+    """The software stack a validated plan names, its what-if overrides applied."""
+    return load_stack(plan.stack.name, plan.stack.overrides)
 
 
 def plan_cluster(plan: Plan) -> Cluster:

@@ -170,6 +170,8 @@ class Ran(Section):
     """Dtype of the data-parallel gradient reduction (the parameters' dtype: no mixed-precision reduce policy)."""
     cp_algorithm: Literal["ring", "all-gather"]
     """How context-parallel attention exchanged keys and values."""
+    stack: str = "executor"
+    """The software stack that ran (plan/presets/stacks/): the executor's own layers, whatever the plan names."""
     schedule: str
     """The torch.distributed.pipelining class that ran the plan's schedule ('none' without pipelining)."""
     optimizer: str
@@ -273,7 +275,8 @@ def plan_as_ran(manifest: RunManifest) -> Plan:
     training = plan.training.model_copy(update={"dtype": ran.dtype, "grad_reduce_dtype": ran.grad_reduce_dtype})
     checkpoint = plan.reliability.checkpoint if ran.checkpoint == "none" else ran.checkpoint
     reliability = plan.reliability.model_copy(update={"checkpoint": checkpoint})
-    return plan.model_copy(update={"layout": layout, "training": training, "reliability": reliability})
+    stack = plan.stack.model_copy(update={"name": ran.stack, "overrides": {}})
+    return plan.model_copy(update={"layout": layout, "training": training, "reliability": reliability, "stack": stack})
 
 
 def read_manifest(run_dir: Path) -> RunManifest:

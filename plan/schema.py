@@ -19,6 +19,7 @@ from typing import Any, Final, Literal
 
 from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, field_validator, model_validator
 
+from plan.refs import ClusterRef, StackRef
 from plan.reliability import Reliability
 from plan.section import Section
 
@@ -26,7 +27,7 @@ SCHEMA_VERSION: Final = 1
 
 Schedule = Literal["gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zbv", "dualpipe-v"]
 Recompute = Literal["none", "selective", "full"]
-Dtype = Literal["fp32", "bf16", "fp8"]
+Dtype = Literal["fp32", "bf16", "fp16", "fp8"]
 
 # Schedules whose stages each hold several model chunks, and how many chunks they need.
 # Interleaved 1F1B: any v >= 2 (Narayanan et al. 2021, §2.2.2). ZBV and DualPipe-V place exactly two chunks per
@@ -204,9 +205,9 @@ class Training(Section):
     dtype: Dtype = "bf16"
     """Compute dtype of matmuls and collectives: bf16, fp8 with bf16 master weights, or fp32 (no mixed precision:
     what the executor runs on CPUs)."""
-    grad_reduce_dtype: Literal["bf16", "fp32"] | None = None
-    """Dtype of the data-parallel gradient reduction; unset: the compute dtype's (bf16 for bf16 and fp8, fp32 for
-    fp32). Megatron-Core with bf16 and Llama 3 reduce in fp32 (Dubey et al. 2024 §3.3.2)."""
+    grad_reduce_dtype: Literal["fp16", "bf16", "fp32"] | None = None
+    """Dtype of the data-parallel gradient reduction; unset: the stack's, else the compute dtype's (bf16 for fp8).
+    Megatron-Core with bf16 and Llama 3 reduce in fp32 (Dubey et al. 2024 §3.3.2)."""
     optimizer: Literal["adamw", "adam", "sgd"] = "adamw"
     """Optimizer; adam/adamw keep fp32 master weights and two fp32 moments (16 bytes/param with bf16 grads)."""
     lr: PositiveFloat = 3e-4
@@ -226,21 +227,6 @@ class Training(Section):
         return self.grad_reduce_dtype or ("fp32" if self.dtype == "fp32" else "bf16")
 
 
-class ClusterRef(Section):
-    """The cluster a plan runs on: a catalogue name or a file, and what-if changes to its fields."""
-
-    name: str
-    """A file name in topologies/ (without .yaml), calibrated/NAME, or a path to a cluster file."""
-    overrides: dict[str, Any] = Field(default_factory=dict)
-    """What-ifs: dotted field paths of the cluster file and their new values, e.g. `nodes: 560`,
-    `fabric.tiers.leaf.bandwidth_GBps: 100`, `failures.rate_scale: 0.5` (see plan/clusters.py)."""
-
-    def __str__(self) -> str:
-        if not self.overrides:
-            return self.name
-        return f"{self.name} ({', '.join(f'{k}={v}' for k, v in self.overrides.items())})"
-
-
 class Plan(Section):
     """A whole plan: what model, on which cluster, laid out how, trained how long, recovered how."""
 
@@ -255,6 +241,8 @@ class Plan(Section):
     cluster: ClusterRef
     """The cluster: a name in topologies/ (without .yaml), a path to a cluster file, or a mapping of `name` and
     what-if `overrides`."""
+    stack: StackRef = StackRef()
+    """The software stack: a name in plan/presets/stacks/, a path, or a mapping of `name` and `overrides`."""
     layout: Layout = Layout()
     """Parallel layout and pipeline schedule."""
     training: Training
@@ -262,9 +250,9 @@ class Plan(Section):
     reliability: Reliability = Reliability()
     """Checkpoint and recovery policy."""
 
-    @field_validator("cluster", mode="before")
+    @field_validator("cluster", "stack", mode="before")
     @classmethod
-    def _cluster_by_name(cls, value: Any) -> Any:
+    def _ref_by_name(cls, value: Any) -> Any:
         return {"name": value} if isinstance(value, str) else value
 
     @model_validator(mode="after")

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from benchmarks.published import NARAYANAN_TABLE_1, megatron_plan
+from benchmarks.published import NARAYANAN_TABLE_1, narayanan_plan
 from plan import loader
 from plan.loader import PlanError
 from twin import api
@@ -29,7 +29,7 @@ def test_growing_nodes_grows_the_outermost_tier() -> None:
 
 
 def test_a_layout_past_the_catalogue_runs_on_a_grown_cluster() -> None:
-    plan = megatron_plan(NARAYANAN_TABLE_1[-1])  # 3,072 GPUs: more than the catalogue's 1,120
+    plan = narayanan_plan(NARAYANAN_TABLE_1[-1])  # 3,072 GPUs: more than the catalogue's 1,120
     as_catalogued = {**plan.model_dump(mode="json"), "cluster": "dgx-a100-superpod"}
     with pytest.raises(PlanError, match="exceeds cluster 'dgx-a100-superpod' with 1120 accelerators"):
         api.load_plan(as_catalogued)

@@ -1,20 +1,30 @@
-"""Compute cost of a transformer layer on one rank: FLOPs and bytes, split into forward, backward-input and
-backward-weight, timed on the accelerator's efficiency curve.
+"""What one rank's device does in a given time: GEMMs by shape, fused attention by sequence length, memory-bound
+kernels by bytes — each from a kernel-level measurement the cluster's accelerator file cites.
 
-Counting follows Narayanan et al. 2021 (§3.1) and Korthikanti et al. 2022: every GEMM costs 2·M·N·K FLOPs forward
-and the same again for each of its two backward GEMMs (input and weight gradients); attention scores and their
-weighting cost 2·2·b·heads·s·s_kv·d_head forward, halved by causal masking in what the hardware runs, and a fused
-(flash) attention backward runs 2.5x its forward (Dao 2023, FlashAttention-2 §3.1: five matmuls against two). The
-element-wise work (norms, residual adds, RoPE, the MLP activation) is memory-bound: bytes over achieved HBM
-bandwidth. Every kernel also pays the cluster's fixed per-kernel overhead.
+- GEMM (GPU): a GEMM runs in waves of one 128x256 output tile per SM (NVIDIA, "Matrix Multiplication Background
+  User's Guide", §3.2 wave quantization; ml-engineering, "Tile and wave quantization"), each full wave at the
+  accelerator's measured fraction of peak for transformer-sized GEMMs, and never faster than moving its operands
+  through HBM (the roofline). A partial last wave idles the SMs it leaves empty.
+- GEMM (CPU host, no SM count): the measured saturating curve t = (f + f_half) / (fraction · peak).
+- Fused attention: the accelerator's published throughput table for the stack's kernel (FlashAttention-2/3,
+  cuDNN) at the head width and sequence length, interpolated; without a table, its FLOPs at the GEMM rate.
+- Memory-bound kernels: bytes over the accelerator's measured achievable bandwidth — a framework's element-wise
+  kernels at what such kernels measure, tuned ones (the fused optimizer) at what the best reach.
+
+Every kernel also pays the accelerator's per-kernel overhead; a stack that issues kernels from the host in eager
+mode cannot run an action faster than it can issue its kernels (`dispatch_s`, applied per action by the caller).
 """
 
 from __future__ import annotations
 
+import bisect
+import math
 from dataclasses import dataclass
 
-from plan.cluster import Cluster
-from plan.schema import ModelSpec
+from plan.cluster import AttentionTable, Cluster
+
+TILE = (128, 256)
+"""Output tile of one SM's GEMM work: cuBLAS's large Hopper/Ampere tiles (the Matrix Multiplication guide, §2.3)."""
 
 DTENSOR_OPS_FORWARD = 4
 """Ops a tensor-parallel linear dispatches on DTensors in its forward, each paying the sharded per-op cost: aten.t,
@@ -27,8 +37,11 @@ DTENSOR_OPS_BACKWARD = 9
 a detach (263 for the 29 linears, the embedding's one included), split evenly between the two GEMMs."""
 
 ACT_BYTES = 2
-"""Activations and element-wise work stay in bf16 under fp8 training (fp8 applies to GEMM inputs; Micikevicius et
-al. 2022, "FP8 Formats for Deep Learning"; DeepSeek-V3 report §3.3)."""
+"""Activations and element-wise work stay in 16 bits under fp8 training (fp8 applies to GEMM inputs; Micikevicius
+et al. 2022, "FP8 Formats for Deep Learning"; DeepSeek-V3 report §3.3)."""
+
+OPERAND_BYTES = {"fp8": 1, "fp32": 4}
+"""Bytes per GEMM operand element by matmul dtype (2 otherwise)."""
 
 
 @dataclass(frozen=True)
@@ -38,13 +51,21 @@ class Device:
     peak_flops: float
     """Dense peak for the plan's matmul dtype (FLOP/s)."""
     gemm_fraction: float
-    """Highest fraction of that peak a large GEMM reaches."""
-    half_flops: float
-    """GEMM size reaching half of `gemm_fraction` (FLOP)."""
+    """Fraction of that peak a full wave of a transformer-sized GEMM reaches."""
     kernel_s: float
-    """Fixed cost of one kernel launch and dispatch (s)."""
+    """Fixed cost of one kernel (s)."""
     memory_Bps: float
-    """Achieved memory bandwidth of memory-bound kernels (bytes/s)."""
+    """Achieved memory bandwidth of tuned memory-bound kernels (the optimizer) (bytes/s)."""
+    elementwise_Bps: float = 0.0
+    """Achieved memory bandwidth of a framework's element-wise kernels (bytes/s); 0: memory_Bps."""
+    sm_count: int | None = None
+    """SMs for the wave model; None: the saturating curve with `half_flops`."""
+    half_flops: float = 0.0
+    """GEMM size reaching half of `gemm_fraction` on the saturating curve (FLOP)."""
+    operand_bytes: int = 2
+    """Bytes per GEMM operand element (the matmul dtype)."""
+    attention: tuple[AttentionTable, ...] = ()
+    """The stack's fused attention kernel on this accelerator, by head width; empty: priced as GEMM FLOPs."""
     sharded_s: float = 0.0
     """Extra host cost of one op on a tensor-parallel DTensor (s); 0 without tensor parallelism."""
     layer_s: float = 0.0
@@ -52,150 +73,128 @@ class Device:
 
     @classmethod
     def of(
-        cls, cluster: Cluster, dtype: str, ranks_per_node: int, *, share_cores: bool = True, sharded: bool = False
+        cls,
+        cluster: Cluster,
+        dtype: str,
+        ranks_per_node: int,
+        *,
+        share_cores: bool = True,
+        sharded: bool = False,
+        attention_kernel: str = "none",
     ) -> Device:
         """The device a rank sees. A `cpu` accelerator's figures are per core: with `share_cores` the node's cores
         are split evenly among its ranks; without, the rank runs alone (the pipeline simulation then shares the
         cores among the ranks busy at each moment, twin/step/host.py). `sharded` ops (tensor-parallel DTensors) pay
-        the extra per-op dispatch cost."""
+        the extra per-op dispatch cost. `attention_kernel` is the stack's fused attention kernel; where the
+        accelerator has no table for it, the first it has is used."""
         acc, eff = cluster.accelerator, cluster.compute
         key = dtype if dtype in acc.peak_tflops else "bf16"
         cpu_share = acc.kind == "cpu" and share_cores
         share = min(1.0, cluster.node.cpu_cores / max(1, ranks_per_node)) if cpu_share else 1.0
         memory = acc.hbm_bandwidth_GBps * 1e9 * eff.memory_bandwidth_fraction
+        elementwise = (
+            acc.hbm_bandwidth_GBps * 1e9 * (eff.elementwise_bandwidth_fraction or eff.memory_bandwidth_fraction)
+        )
         if cpu_share:
             memory /= max(1, ranks_per_node)
+            elementwise /= max(1, ranks_per_node)
+        tables = eff.attention.get(attention_kernel) or next(iter(eff.attention.values()), ())
         return cls(
             peak_flops=acc.peak_tflops[key] * 1e12 * share,
             gemm_fraction=eff.gemm_peak_fraction.get(key, eff.gemm_peak_fraction["bf16"]),
-            half_flops=eff.gemm_half_gflop * 1e9,
             kernel_s=eff.kernel_overhead_us * 1e-6 / share,
+            memory_Bps=memory,
+            elementwise_Bps=elementwise,
+            sm_count=acc.sm_count,
+            half_flops=(eff.gemm_half_gflop or 0.0) * 1e9,
+            operand_bytes=OPERAND_BYTES.get(dtype, 2),
+            attention=tables,
             sharded_s=eff.sharded_kernel_overhead_us * 1e-6 / share if sharded else 0.0,
             layer_s=eff.layer_overhead_us * 1e-6 / share,
-            memory_Bps=memory,
         )
 
-    def gemm_s(self, flops: float) -> float:
-        """One GEMM: efficiency fraction · f / (f + f_half) of peak, i.e. (f + f_half) / (fraction · peak)."""
+    # --- GEMMs --------------------------------------------------------------------------------------------------
+
+    def gemm_s(self, m: float, n: float, k: float, batch: float = 1) -> float:
+        """One (batched) GEMM of an m x k by k x n product: the wave model and roofline on a GPU, the saturating
+        curve on a CPU host; plus the per-kernel cost."""
+        if m <= 0 or n <= 0 or k <= 0 or batch <= 0:
+            return 0.0
+        flops = 2.0 * m * n * k * batch
+        if self.sm_count is None:
+            return self.flops_s(flops)
+        compute = flops / (self.gemm_fraction * self.peak_flops * self.wave_efficiency(m, n, batch))
+        memory = (m * k + k * n + m * n) * batch * self.operand_bytes / self.memory_Bps
+        return max(compute, memory) + self.kernel_s
+
+    def wave_efficiency(self, m: float, n: float, batch: float = 1) -> float:
+        """Share of the SMs busy over a GEMM's waves of output tiles, the better of the tile's two orientations."""
+        assert self.sm_count is not None
+        best = 0.0
+        for rows, cols in (TILE, TILE[::-1]):
+            tiles = math.ceil(m / rows) * math.ceil(n / cols) * math.ceil(batch)
+            best = max(best, tiles / (math.ceil(tiles / self.sm_count) * self.sm_count))
+        return best
+
+    def flops_s(self, flops: float) -> float:
+        """A GEMM known only by its FLOPs, on the saturating curve (CPU hosts, and attention without a table)."""
         if flops <= 0:
             return 0.0
         return (flops + self.half_flops) / (self.gemm_fraction * self.peak_flops) + self.kernel_s
 
-    def linear_s(self, flops: float, dtensor_ops: float) -> float:
-        """A weight GEMM and, on a tensor-parallel layer, the DTensor ops around it (attention's GEMMs run on local
-        tensors and pay none)."""
-        return self.gemm_s(flops) + (dtensor_ops * self.sharded_s if flops > 0 else 0.0)
+    def linear_s(self, m: float, n: float, k: float, dtensor_ops: float) -> float:
+        """A weight GEMM and, on a tensor-parallel layer, the DTensor ops around it."""
+        if m <= 0 or n <= 0 or k <= 0:
+            return 0.0
+        return self.gemm_s(m, n, k) + dtensor_ops * self.sharded_s
 
-    def memory_s(self, nbytes: float, kernels: int) -> float:
-        """Memory-bound kernels moving `nbytes` in all."""
+    # --- attention and memory-bound kernels ---------------------------------------------------------------------
+
+    def attention_s(self, forward_flops: float, seq: int, head_dim: int) -> tuple[float, float]:
+        """(forward, backward) seconds of a fused causal attention doing `forward_flops` (causal count) at key
+        length `seq`: the kernel's measured throughput, interpolated in log length and head width and held at the
+        table's ends; without a table, the FLOPs at the GEMM rate (backward 2.5x the forward's FLOPs)."""
+        if forward_flops <= 0:
+            return 0.0, 0.0
+        if not self.attention:
+            return self.flops_s(forward_flops), self.flops_s(2.5 * forward_flops)
+        fwd_rate, bwd_rate = _interpolate_tables(self.attention, seq, head_dim)
+        return forward_flops / fwd_rate + self.kernel_s, 2.5 * forward_flops / bwd_rate + self.kernel_s
+
+    def memory_s(self, nbytes: float, kernels: float) -> float:
+        """Tuned memory-bound kernels (the optimizer) moving `nbytes` in all."""
         return nbytes / self.memory_Bps + kernels * self.kernel_s
 
-
-@dataclass(frozen=True)
-class Shape:
-    """The tensor sizes of one microbatch of one layer on one rank."""
-
-    tokens: int
-    """Tokens of the microbatch on this rank: microbatch_size · seq_len / cp."""
-    tp: int
-    sequence_parallel: bool
-    fused_projections: bool = True
-    """Q, K and V as one GEMM (Megatron) or three (the executor's layers)."""
+    def elementwise_s(self, nbytes: float, kernels: float) -> float:
+        """A framework's element-wise and normalisation kernels moving `nbytes` in all."""
+        return nbytes / (self.elementwise_Bps or self.memory_Bps) + kernels * self.kernel_s
 
 
-@dataclass(frozen=True)
-class PassCost:
-    """Seconds and hardware FLOPs of one layer for one microbatch on one rank, before communication."""
-
-    forward_s: float
-    backward_input_s: float
-    backward_weight_s: float
-    recompute_s: float
-    forward_flops: float
-    backward_flops: float
-    recompute_flops: float
-    attention_s: float = 0.0
-    """Forward time of the attention core alone (what context-parallel exchanges can hide behind)."""
+def _interpolate_tables(tables: tuple[AttentionTable, ...], seq: int, head_dim: int) -> tuple[float, float]:
+    """(forward, backward) FLOP/s at (seq, head_dim), linear in head width between the tables around it."""
+    ordered = sorted(tables, key=lambda t: t.head_dim)
+    widths = [t.head_dim for t in ordered]
+    i = bisect.bisect_left(widths, head_dim)
+    if i == 0 or i == len(ordered):
+        return _rates(ordered[min(i, len(ordered) - 1)], seq)
+    lo, hi = ordered[i - 1], ordered[i]
+    w = (head_dim - lo.head_dim) / (hi.head_dim - lo.head_dim)
+    (f0, b0), (f1, b1) = _rates(lo, seq), _rates(hi, seq)
+    return f0 + w * (f1 - f0), b0 + w * (b1 - b0)
 
 
-def _gemms(m: ModelSpec, tokens: int, tp: int, moe: bool, fused: bool = True) -> list[float]:
-    """Forward FLOPs of each weight GEMM of one layer on one TP rank."""
-    h, t = m.hidden, tp
-    hq, hkv = m.heads * m.d_head, m.n_kv_heads * m.d_head
-    qkv = [2.0 * tokens * h * (hq + 2 * hkv) / t] if fused else [2.0 * tokens * h * n / t for n in (hq, hkv, hkv)]
-    gemms = [*qkv, 2.0 * tokens * hq * h / t]
-    mlp_mats = 3 if m.glu else 2
-    if not moe:
-        return gemms + [2.0 * tokens * h * m.ffn_hidden / t] * mlp_mats
-    assert m.moe_ffn_hidden is not None
-    routed = tokens * m.top_k  # balanced routing: each rank's experts see top_k tokens per local token
-    gemms.append(2.0 * tokens * h * m.experts)  # router
-    gemms += [2.0 * routed * h * m.moe_ffn_hidden / t] * mlp_mats
-    gemms += [2.0 * tokens * h * m.moe_ffn_hidden * m.shared_experts / t] * (mlp_mats if m.shared_experts else 0)
-    return gemms
+def _rates(table: AttentionTable, seq: int) -> tuple[float, float]:
+    if table.fwd_bwd_tflops is not None:
+        rate = _along(table.seq, table.fwd_bwd_tflops, seq)
+        return rate, rate
+    assert table.forward_tflops is not None and table.backward_tflops is not None
+    return _along(table.seq, table.forward_tflops, seq), _along(table.seq, table.backward_tflops, seq)
 
 
-def attention_flops(m: ModelSpec, microbatch: int, seq_local: int, tp: int) -> float:
-    """Forward FLOPs of scores and weighting on one rank, causal (half of the full s x s_kv)."""
-    return 0.5 * 2 * 2 * microbatch * (m.heads / tp) * seq_local * m.seq_len * m.d_head
-
-
-def _elementwise_bytes(m: ModelSpec, shape: Shape, moe: bool) -> tuple[float, int]:
-    """Bytes the forward's memory-bound kernels move, and how many kernels they are."""
-    b, t = ACT_BYTES, shape.tp
-    sp_tokens = shape.tokens / t if shape.sequence_parallel else shape.tokens
-    hq, hkv = m.heads * m.d_head, m.n_kv_heads * m.d_head
-    width = (m.moe_ffn_hidden or 0) * (m.top_k + m.shared_experts) if moe else m.ffn_hidden
-    norms_and_adds = 2 * 2 * sp_tokens * m.hidden * b + 2 * 3 * sp_tokens * m.hidden * b  # 2 norms, 2 adds
-    rope = 2 * shape.tokens * (hq + hkv) / t * b
-    act = (3 if m.glu else 2) * shape.tokens * width / t * b
-    return norms_and_adds + rope + act, 6
-
-
-def layer_cost(
-    m: ModelSpec, shape: Shape, device: Device, moe: bool, recompute: str, microbatch: int, seq_local: int
-) -> PassCost:
-    """One layer's compute for one microbatch on one rank under a recompute policy."""
-    gemms = _gemms(m, shape.tokens, shape.tp, moe, shape.fused_projections)
-    attn = attention_flops(m, microbatch, seq_local, shape.tp)
-    elem_bytes, elem_kernels = _elementwise_bytes(m, shape, moe)
-    gemm_fwd = sum(device.linear_s(f, DTENSOR_OPS_FORWARD) for f in gemms)
-    gemm_bwd = sum(device.linear_s(f, DTENSOR_OPS_BACKWARD / 2) for f in gemms)  # input and weight gradients each
-    attn_fwd = device.gemm_s(attn)
-    elem_fwd = device.memory_s(elem_bytes, elem_kernels)
-    forward = gemm_fwd + attn_fwd + elem_fwd + device.layer_s
-    # backward: input-gradient GEMMs, the fused attention backward (2.5x its forward) and element-wise work
-    # twice; weight-gradient GEMMs as many again as forward
-    backward_input = gemm_bwd + device.gemm_s(2.5 * attn) + device.memory_s(2 * elem_bytes, 2 * elem_kernels)
-    backward_weight = gemm_bwd
-    if recompute == "full":
-        recompute_s, recompute_flops = forward, sum(gemms) + attn
-    elif recompute == "selective":  # attention core, norms, MLP activation (see twin/step/memory.py)
-        recompute_s, recompute_flops = attn_fwd + elem_fwd, attn
-    else:
-        recompute_s, recompute_flops = 0.0, 0.0
-    return PassCost(
-        forward_s=forward,
-        backward_input_s=backward_input,
-        backward_weight_s=backward_weight,
-        recompute_s=recompute_s,
-        forward_flops=sum(gemms) + attn,
-        backward_flops=2 * sum(gemms) + 2.5 * attn,
-        recompute_flops=recompute_flops,
-        attention_s=attn_fwd,
-    )
-
-
-def head_cost(m: ModelSpec, shape: Shape, device: Device) -> PassCost:
-    """The output head and loss on the last stage: a vocab-parallel GEMM and a memory-bound cross-entropy."""
-    gemm = 2.0 * shape.tokens * m.hidden * m.vocab / shape.tp
-    logits_bytes = 3 * shape.tokens * m.vocab / shape.tp * 4  # fp32 softmax: read logits, write probs, read back
-    fwd = device.linear_s(gemm, DTENSOR_OPS_FORWARD) + device.memory_s(logits_bytes, 3)
-    grad = device.linear_s(gemm, DTENSOR_OPS_BACKWARD / 2)
-    return PassCost(fwd, grad + device.memory_s(logits_bytes, 2), grad, 0.0, gemm, 2 * gemm, 0.0)
-
-
-def embedding_cost(m: ModelSpec, shape: Shape, device: Device) -> PassCost:
-    """The input embedding on the first stage: a gather forward, a scatter-add of gradients backward."""
-    nbytes = shape.tokens * m.hidden * ACT_BYTES
-    return PassCost(device.memory_s(2 * nbytes, 1), 0.0, device.memory_s(3 * nbytes, 1), 0.0, 0.0, 0.0, 0.0)
+def _along(seqs: tuple[int, ...], tflops: tuple[float, ...], seq: int) -> float:
+    """TFLOP/s at `seq` (FLOP/s), linear in log2 length between measured points, held at the ends."""
+    x = math.log2(min(max(seq, seqs[0]), seqs[-1]))
+    xs = [math.log2(s) for s in seqs]
+    j = min(len(xs) - 1, max(1, bisect.bisect_left(xs, x)))
+    x0, x1, y0, y1 = xs[j - 1], xs[j], tflops[j - 1], tflops[j]
+    return (y0 + (y1 - y0) * (x - x0) / (x1 - x0)) * 1e12 if x1 > x0 else y0 * 1e12

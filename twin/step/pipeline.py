@@ -67,6 +67,9 @@ class PipelineInput:
     the rank's last computation."""
     host: HostSharing | None = None
     """Ranks share host cores (CPU clusters): actions are work at full speed, slowed by the busy ranks."""
+    blocking_sends: bool = False
+    """A rank waits for its own send to reach the next stage before going on (blocking p2p, Megatron 2021); else
+    sends run beside its next action (asynchronous p2p)."""
     overlap_costs: Mapping[tuple[str, int], ActionCost] = field(default_factory=dict)
     """Costs of actions run as one half of an overlapped forward-backward pair (DualPipe), where they differ."""
 
@@ -249,7 +252,11 @@ class _Sim:
             yield from self.run_action(rank, a, cost, times)
             self.slices.append(Slice(rank, a.stage, a.kind, a.microbatch, start, self.env.now))
             self.event(self.done, (a.kind, a.stage, a.microbatch)).succeed()
-            self.send(a, rank)
+            sent = self.send(a, rank)
+            if sent is not None and self.inp.blocking_sends:
+                t0 = self.env.now
+                yield sent
+                times.pp += self.env.now - t0
         compute_end = self.env.now
         if self.pending_dp[rank]:
             yield self.env.all_of(self.pending_dp[rank])
@@ -298,19 +305,20 @@ class _Sim:
         if a.kind == "F":
             times.forward += cost.compute * work_stretch
 
-    def send(self, a: Action, rank: int) -> None:
+    def send(self, a: Action, rank: int) -> simpy.Process | None:
+        """Start sending what `a` produced to the stage that needs it; the transfer, or None if none is needed."""
         if a.kind == "F" and a.stage < self.last_stage:
             target = a.stage + 1
         elif a.kind == "B" and a.stage > 0:
             target = a.stage - 1
         else:
-            return
+            return None
         dst = self.inp.stage_rank[target]
         if dst == rank:
-            return
+            return None
         key = (a.kind, target, a.microbatch)
         self.sent_at[key] = self.env.now
-        self.env.process(self.transfer(rank, dst, key, self.inp.p2p_s[(a.stage, target)]))
+        return self.env.process(self.transfer(rank, dst, key, self.inp.p2p_s[(a.stage, target)]))
 
     def transfer(self, src: int, dst: int, key: tuple[str, int, int], seconds: float) -> Generator[Any, Any, None]:
         link = self.links.setdefault((src, dst), simpy.Resource(self.env, capacity=1))

@@ -4,8 +4,8 @@ Every data-parallel replica does the same work on uniform hardware, so one repli
 (shared/DESIGN.md, "Scale without brute force"); the TP/CP/EP/DP groups of its ranks are placed on the fabric with
 the shared rank grid, and their collectives cost what the fabric says. Variation between ranks enters as the median
 of the slowest of N ranks' step-time multipliers, drawn from the extreme-value distribution of N lognormals.
-What each action, transfer and reduction costs comes from twin/step/costs.py; this module runs the simulation and
-summarises it.
+What each action, transfer and reduction costs comes from twin/step/costs.py and comm_costs.py, under the plan's
+software stack (plan/stack.py); this module runs the simulation and summarises it.
 """
 
 from __future__ import annotations
@@ -21,21 +21,18 @@ from plan.model_math import model_flops_per_token
 from plan.schema import Plan
 from twin.step import schedules
 from twin.step.collectives import collective_time
-from twin.step.compute import Device, PassCost, head_cost
+from twin.step.comm_costs import dp_costs, p2p_costs
+from twin.step.compute import Device
+from twin.step.context import PredictOptions, StepContext, shape_of, step_context
 from twin.step.costs import (
     NORM_REDUCTION_BYTES,
-    PredictOptions,
-    StepContext,
-    dp_costs,
     host_sharing,
     independent_ranks,
     layer_costs,
     optimizer_s,
-    p2p_costs,
-    shape_of,
     stage_costs,
-    step_context,
 )
+from twin.step.kernels import PassCost, head_cost
 from twin.step.memory import MemoryBreakdown, memory_breakdown, stage_layer_ranges, stage_params
 from twin.step.memory import activation_bytes as layer_activation_bytes
 from twin.step.pipeline import PipelineInput, PipelineResult, simulate
@@ -122,8 +119,9 @@ def predict(plan: Plan, cluster: Cluster | None = None, options: PredictOptions 
             gather_stage_s=gather_s,
             optimizer_s=optimizer_s(ctx),
             barrier_s=ctx.time("all_reduce", NORM_REDUCTION_BYTES, ctx.span("dp", "pp", "cp", "tp")),
-            dp_overlap=cluster.compute.dp_overlap_fraction,
+            dp_overlap=ctx.dp_overlap,
             host=host_sharing(ctx),
+            blocking_sends=not ctx.stack.pp_overlap,
         )
     )
     weights, kept = _activation_weights(ctx)
@@ -145,7 +143,10 @@ def _summarise(
     critical = max(range(len(result.ranks)), key=lambda r: (result.ranks[r].end, -r))
     rt = result.ranks[critical]
     first_forward = next(s.end - s.start for s in result.slices if s.rank == 0 and s.kind == "F")
-    gather_exposed = max(0.0, param_gather - first_forward)  # overlaps the next step's first forward
+    if ctx.stack.dp_overlap_for(lay.pp) == "grad+param":  # overlaps the next step's first forward
+        gather_exposed = max(0.0, param_gather - first_forward)
+    else:
+        gather_exposed = param_gather
     base = result.step_s + gather_exposed
     straggle = base * (straggler_factor(cluster, independent_ranks(ctx)) - 1) if ctx.options.stragglers else 0.0
     token_bytes = 2 if plan.model.vocab <= 2**16 else 4
@@ -208,7 +209,7 @@ def _hardware_flops_per_step(ctx: StepContext, kinds: dict[bool, PassCost]) -> f
     plan, lay, m = ctx.plan, ctx.plan.layout, ctx.plan.model
     per_layer = {moe: c.forward_flops + c.backward_flops + c.recompute_flops for moe, c in kinds.items()}
     total = per_layer[False] * (m.layers - m.moe_layers) + per_layer.get(True, 0.0) * m.moe_layers
-    h = head_cost(m, shape_of(ctx), ctx.device)
+    h = head_cost(m, shape_of(ctx), ctx.device, ctx.stack)
     total += h.forward_flops + h.backward_flops
     return total * plan.num_microbatches * lay.tp * lay.cp * lay.dp
 

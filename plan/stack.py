@@ -1,0 +1,146 @@
+"""The software stack: what a framework runs for each transformer layer, and what it overlaps.
+
+A published run is reproduced by naming the stack that ran it (a file in plan/presets/stacks/), not by bending
+hardware numbers: Megatron-LM in 2021 materialised the s×s attention scores, ran dropout on them and exposed every
+tensor-parallel all-reduce; Megatron-Core with Transformer Engine in 2024 runs one fused attention kernel and
+overlaps its tensor- and data-parallel communication. A stack never holds a hardware number (those are the
+cluster's) nor a parallel degree (the layout's).
+
+A layer's forward is a list of kernels. GEMMs and the attention core are named (`gemm`, `attention`) and priced by
+the twin from the model's shapes; every other kernel is memory-bound and lists the tensors it reads and writes, in
+units of one token's slice of a named tensor on one rank (the vocabulary is TENSORS), so its bytes follow from the
+model and the layout. Its backward moves `backward` times its forward's bytes (a gradient in and the saved input
+read, a gradient out written: 2 by default).
+"""
+
+from __future__ import annotations
+
+from typing import Final, Literal
+
+from pydantic import Field, NonNegativeFloat, NonNegativeInt, PositiveFloat, field_validator, model_validator
+
+from plan.section import Section
+
+STACK_SCHEMA_VERSION: Final = 1
+
+TENSORS: Final = {
+    "h": "hidden state, whole on every tensor-parallel rank (hidden elements per token)",
+    "h_sp": "hidden state in the norm/dropout/residual region: split over tp under sequence parallelism",
+    "qkv": "Q, K and V projection outputs ((heads + 2·kv_heads)·head_dim / tp)",
+    "qk": "Q and K only, what rotary embeddings rotate ((heads + kv_heads)·head_dim / tp)",
+    "ctx": "attention output, the projection's input (heads·head_dim / tp)",
+    "ffn_in": (
+        "the first MLP GEMM's output, the activation's input (ffn_hidden / tp, twice that for a gated MLP; for an "
+        "MoE layer an expert's width times the experts a token visits)"
+    ),
+    "ffn": "the activation's output, the last MLP GEMM's input (ffn_hidden / tp; per visited expert for MoE)",
+    "scores": "attention scores or probabilities, materialised (heads / tp · key length per query token)",
+    "logits": "the output head's logits (vocab / tp)",
+}
+"""What a memory-bound kernel's reads and writes are counted in: one token's slice of each tensor on one rank, in
+the activation dtype (2 bytes); a dropout mask is one byte per element, so it counts 0.5."""
+
+GEMMS: Final = ("qkv", "proj", "fc1", "fc2")
+"""The weight GEMMs of a layer the twin prices from the model's shapes (fc1 is gate and up for a gated MLP)."""
+
+TpOverlap = Literal["none", "backward", "userbuffers"]
+DpOverlap = Literal["none", "grad", "grad+param"]
+
+
+class Kernel(Section):
+    """One kernel of a layer's forward."""
+
+    name: str
+    """What it is, as the source names it (e.g. fused_layer_norm, bias_gelu)."""
+    gemm: Literal["qkv", "proj", "fc1", "fc2"] | None = None
+    """A weight GEMM (priced from the model's shapes on the accelerator's GEMM model)."""
+    attention: Literal["flash", "scores", "context"] | None = None
+    """The attention core: one fused flash-style kernel, or the unfused QKᵀ (`scores`) and probabilities·V
+    (`context`) batched GEMMs."""
+    reads: dict[str, NonNegativeFloat] = Field(default_factory=dict)
+    """Tensors read, counted per token (see TENSORS)."""
+    writes: dict[str, NonNegativeFloat] = Field(default_factory=dict)
+    """Tensors written, counted per token."""
+    backward: NonNegativeFloat = 2.0
+    """Backward bytes as a multiple of forward bytes (memory-bound kernels only)."""
+    backward_kernels: NonNegativeInt = 1
+    """Kernels its backward runs (memory-bound kernels only)."""
+    recomputed: bool = True
+    """Rerun by selective recompute (the attention core's kernels); full recompute reruns every kernel."""
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> Kernel:
+        kinds = sum(x is not None for x in (self.gemm, self.attention)) + bool(self.reads or self.writes)
+        if kinds != 1:
+            raise ValueError(f"{self.name}: give exactly one of gemm, attention, or reads/writes")
+        unknown = sorted((set(self.reads) | set(self.writes)) - set(TENSORS))
+        if unknown:
+            raise ValueError(f"{self.name}: unknown tensor(s) {unknown}; use {', '.join(TENSORS)}")
+        return self
+
+
+class Stack(Section):
+    """A training framework as it ran: its kernels per layer, what it overlaps, its numerics."""
+
+    schema_version: Literal[1] = STACK_SCHEMA_VERSION
+    """Version of this file format."""
+    name: str
+    """Short name; matches the file name in plan/presets/stacks/."""
+    description: str
+    """Which framework, version and settings this is."""
+    source: str = Field(min_length=8)
+    """Where the kernel list and settings come from (repository and commit, paper and section)."""
+    layer: tuple[Kernel, ...]
+    """A transformer layer's forward, kernel by kernel."""
+    attention_kernel: str = "none"
+    """The fused attention kernel family a `flash` step runs (fa2, fa3, cudnn): the cluster gives its speed."""
+    head_kernels: tuple[Kernel, ...] = ()
+    """The output head's memory-bound kernels beside its GEMM (the loss over the logits)."""
+    tp_overlap: TpOverlap = "none"
+    """Tensor-parallel communication: none (every collective exposed), backward (the backward's all-gather and
+    reduce-scatter overlap its GEMMs, Megatron 2022), userbuffers (Transformer Engine overlaps forward and
+    backward collectives with their GEMMs in chunks)."""
+    sp_regather_input: bool = True
+    """Under sequence parallelism the column-parallel GEMMs keep their input sharded and all-gather it again for
+    the weight gradient (Megatron, Transformer Engine); false: the gathered input is kept (DTensor)."""
+    tp_overlap_chunks: PositiveFloat = 1.0
+    """With userbuffers: chunks each overlapped collective is cut into; the first (or last) chunk stays exposed."""
+    tp_overlap_sms: NonNegativeInt = 0
+    """With userbuffers: SMs the overlapped collectives take from the GEMMs they run beside (count)."""
+    dp_overlap: DpOverlap = "grad"
+    """Data-parallel communication: none (one reduction after the pipeline flush), grad (gradient buckets under the
+    last backward), grad+param (also the parameter all-gather under the next forward)."""
+    dp_overlap_pipelined: DpOverlap | None = None
+    """The same when pp > 1, where it differs (Megatron 2021: torch DDP without pipelining, its own after)."""
+    pp_overlap: bool = False
+    """Pipeline sends and receives run asynchronously under compute (interleaved schedules)."""
+    pp_scatter_gather: bool = False
+    """Each tp rank sends 1/tp of a stage boundary's activation, all-gathered on the receiving node (Narayanan et
+    al. 2021, §4.1)."""
+    grad_reduce_dtype: Literal["fp16", "bf16", "fp32"] | None = None
+    """The gradient reduction's dtype when the plan does not set one; unset: the compute dtype."""
+    dispatch_us: NonNegativeFloat = 0.0
+    """Host time to issue one kernel (microseconds): an action takes at least its kernels times this, whatever
+    the device does (eager PyTorch; 0 where CUDA graphs replay)."""
+    fused_optimizer: bool = True
+    """The optimizer updates every tensor in a few multi-tensor kernels (apex/TE fused Adam, distributed
+    optimizer) rather than several kernels per tensor."""
+
+    @field_validator("layer")
+    @classmethod
+    def _has_core(cls, layer: tuple[Kernel, ...]) -> tuple[Kernel, ...]:
+        gemms = {k.gemm for k in layer if k.gemm}
+        if gemms != set(GEMMS):
+            raise ValueError(f"a layer needs each weight GEMM once ({', '.join(GEMMS)}), got {sorted(gemms)}")
+        cores = {k.attention for k in layer if k.attention}
+        if cores not in ({"flash"}, {"scores", "context"}):
+            raise ValueError("a layer's attention is one `flash` kernel or the `scores` and `context` GEMMs")
+        return layer
+
+    @property
+    def flash(self) -> bool:
+        return any(k.attention == "flash" for k in self.layer)
+
+    def dp_overlap_for(self, pp: int) -> DpOverlap:
+        """The data-parallel overlap of a layout with `pp` pipeline stages."""
+        return self.dp_overlap_pipelined if pp > 1 and self.dp_overlap_pipelined else self.dp_overlap

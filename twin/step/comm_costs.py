@@ -1,0 +1,176 @@
+"""What a step's communication costs and how much of it the stack hides: tensor-parallel collectives per layer,
+context- and expert-parallel exchanges, the stage-to-stage transfers, the data-parallel reduction and gathers.
+Pure functions of a StepContext (twin/step/context.py).
+
+Tensor parallelism per layer (Shoeybi et al. 2019; Korthikanti et al. 2022 §4.2.2): without sequence parallelism
+an all-reduce after each of the two blocks forward and one before each backward; with it, an all-gather before and
+a reduce-scatter after each block forward, and backward the gradient's all-gather, the saved input's all-gather
+for the weight gradient and the input gradient's reduce-scatter. What is exposed depends on the stack:
+none hides nothing (Megatron-LM 2021); `backward` overlaps the backward's input all-gather with the input-gradient
+GEMMs and the reduce-scatter with the weight-gradient GEMMs (Megatron-LM 2022); `userbuffers` (Transformer
+Engine) cuts each collective into chunks pipelined with its GEMM, so one chunk and whatever outlasts the GEMMs
+stays exposed, and the GEMMs lose the SMs the collectives run on while they overlap.
+"""
+
+from __future__ import annotations
+
+from twin.step import schedules
+from twin.step.context import StepContext
+from twin.step.kernels import PassCost
+from twin.step.memory import layer_params, stage_params
+
+
+def overlapped(comm: float, compute: float, chunks: float) -> float:
+    """Exposed seconds of `comm` pipelined in `chunks` with `compute`: the first chunk, and what the rest outlasts."""
+    if comm <= 0:
+        return 0.0
+    return comm / chunks + max(0.0, comm * (1 - 1 / chunks) - compute)
+
+
+def tp_comm(ctx: StepContext, cost: PassCost) -> tuple[float, float]:
+    """Exposed (forward, backward) seconds of one layer's tensor-parallel collectives for one microbatch."""
+    m, lay, stack = ctx.plan.model, ctx.plan.layout, ctx.stack
+    tokens = lay.microbatch_size * m.seq_len // lay.cp
+    stream = tokens * m.hidden * ctx.comm_bytes
+    tp = ctx.span("tp")
+    dgrad, wgrad = cost.gemm_s
+    mode = stack.tp_overlap
+    if not lay.sequence_parallel:
+        ar = ctx.time("all_reduce", stream, tp)
+        fwd, bwd = 2 * ar, 2 * ar
+        if mode != "none":  # the input gradient's all-reduce runs under the weight-gradient GEMM (async)
+            bwd = max(0.0, 2 * ar - wgrad)
+    else:
+        ag, rs = ctx.time("all_gather", stream, tp), ctx.time("reduce_scatter", stream, tp)
+        fwd = 2 * ag + 2 * rs
+        if mode == "none":
+            bwd = (4 if stack.sp_regather_input else 2) * ag + 2 * rs
+        elif mode == "backward":
+            bwd = 2 * ag + max(0.0, 2 * ag - dgrad) + max(0.0, 2 * rs - wgrad)
+        else:
+            chunks = stack.tp_overlap_chunks
+            hidden = fwd - overlapped(fwd, cost.forward_gemm_s, chunks)
+            fwd = overlapped(fwd, cost.forward_gemm_s, chunks) + _contention(ctx, hidden)
+            exposed = overlapped(4 * ag, dgrad, chunks) + overlapped(2 * rs, wgrad, chunks)
+            bwd = exposed + _contention(ctx, 4 * ag + 2 * rs - exposed)
+    # unfused projections: Q, K, V (and gate, up) each all-reduce their input gradient in the backward
+    extra = 0 if lay.fused_projections else (2 + (1 if m.glu else 0)) * ctx.time("all_reduce", stream, tp)
+    return fwd, bwd + extra
+
+
+def _contention(ctx: StepContext, overlap_s: float) -> float:
+    """GEMM time lost to the SMs overlapped collectives occupy, for `overlap_s` seconds of overlap."""
+    sms = ctx.cluster.accelerator.sm_count
+    return overlap_s * ctx.stack.tp_overlap_sms / sms if sms and overlap_s > 0 else 0.0
+
+
+def layer_comm(ctx: StepContext, cost: PassCost, moe: bool, paired: bool = False) -> dict[str, tuple[float, float]]:
+    """Exposed (forward, backward) seconds of one layer's TP, CP and EP communication for one microbatch.
+    `paired`: the action runs in an overlapped forward-backward pair (DualPipe), whose compute hides its
+    expert-parallel all-to-all."""
+    m, lay = ctx.plan.model, ctx.plan.layout
+    tokens = lay.microbatch_size * m.seq_len // lay.cp
+    out = {"tp": (0.0, 0.0), "cp": (0.0, 0.0), "ep": (0.0, 0.0)}
+    if lay.tp > 1:
+        out["tp"] = tp_comm(ctx, cost)
+    if lay.cp > 1:
+        out["cp"] = cp_comm(ctx, cost, tokens)
+    if moe and lay.ep > 1:  # dispatch and combine all-to-alls of top_k copies of each token, each way
+        moved = tokens * m.top_k * m.hidden * ctx.comm_bytes
+        a2a = 2 * ctx.time("all_to_all", moved, ctx.span("ep"))
+        if paired:  # DualPipe overlaps it with the paired microbatch's compute
+            out["ep"] = (max(0.0, a2a - cost.forward_s), max(0.0, a2a - cost.backward_input_s))
+        else:
+            out["ep"] = (a2a, a2a)
+    return out
+
+
+def cp_comm(ctx: StepContext, cost: PassCost, tokens: int) -> tuple[float, float]:
+    """Exposed (forward, backward) seconds of one layer's context-parallel exchange of K and V.
+
+    ring (Megatron-Core's p2p): K and V pass around the cp ranks, one block of attention hiding each step (the
+    backward's 2.5x longer blocks hide twice the traffic). all-gather (Llama 3 §3.3.2, the executor): every rank
+    gathers the whole sequence's K and V before its attention and reduce-scatters their gradients after it,
+    exposed."""
+    m, lay = ctx.plan.model, ctx.plan.layout
+    kv = 2 * tokens * m.n_kv_heads * m.d_head / lay.tp * ctx.comm_bytes
+    if lay.cp_algorithm == "all-gather":
+        gathered = kv * lay.cp
+        span = ctx.span("cp")
+        return ctx.time("all_gather", gathered, span), ctx.time("reduce_scatter", gathered, span)
+    ring = (lay.cp - 1) * ctx.time("p2p", kv, ctx.span("cp"))
+    attention = cost.attention_s
+    return max(0.0, ring - attention), max(0.0, 2 * ring - 2.5 * attention)
+
+
+def edge_tp(ctx: StepContext, stage: int) -> tuple[float, float]:
+    """(forward, backward) seconds of the TP collectives outside the layers for one microbatch: the vocab-parallel
+    embedding sums its partial outputs (an all-reduce; a reduce-scatter onto sequence shards under SP), and the
+    column-parallel head's replicated input gathers its gradient in backward (an all-reduce; under SP an
+    all-gather forward and a reduce-scatter backward)."""
+    m, lay = ctx.plan.model, ctx.plan.layout
+    stream = lay.microbatch_size * m.seq_len // lay.cp * m.hidden * ctx.comm_bytes
+    tp = ctx.span("tp")
+    fwd = bwd = 0.0
+    if stage == 0:
+        fwd += ctx.time("reduce_scatter" if lay.sequence_parallel else "all_reduce", stream, tp)
+    if stage == lay.num_stages - 1:
+        fwd += ctx.time("all_gather", stream, tp) if lay.sequence_parallel else 0.0
+        bwd += ctx.time("reduce_scatter" if lay.sequence_parallel else "all_reduce", stream, tp)
+    return fwd, bwd
+
+
+def zero3_layer_exposed(ctx: StepContext, layer: int, cost: PassCost) -> tuple[float, float]:
+    """FSDP without pipelining: each layer's weights are gathered before use and its gradients reduce-scattered,
+    prefetched one layer ahead, so only what outlasts the layer's compute shows."""
+    p = layer_params(ctx.plan, layer)
+    dp = ctx.span("dp")
+    gather = ctx.time("all_gather", ctx.param_bytes * (p.dense + p.expert), dp)
+    scatter = ctx.time("reduce_scatter", ctx.grad_bytes * (p.dense + p.expert), dp)
+    backward = cost.backward_input_s + cost.backward_weight_s
+    return max(0.0, gather - cost.forward_s), max(0.0, gather + scatter - backward)
+
+
+def p2p_costs(ctx: StepContext) -> dict[tuple[int, int], float]:
+    """Seconds to send one microbatch's activation (or its gradient) across each stage boundary. With the stack's
+    scatter/gather (no sequence parallelism), each tp rank sends its 1/tp slice over its own NIC and the
+    receiving node all-gathers the slices over NVLink (Narayanan et al. 2021, §4.1)."""
+    lay, m = ctx.plan.layout, ctx.plan.model
+    if lay.pp == 1:
+        return {}
+    pp_ranks = ctx.grid.group_of(0, "pp")
+    tokens = lay.microbatch_size * m.seq_len // lay.cp
+    whole = tokens * m.hidden * ctx.comm_bytes
+    scatter = ctx.stack.pp_scatter_gather and not lay.sequence_parallel and lay.tp > 1
+    nbytes = whole / lay.tp if lay.sequence_parallel or scatter else whole
+    gather = ctx.time("all_gather", whole, ctx.span("tp")) if scatter else 0.0
+    out = {}
+    for stage in range(lay.num_stages - 1):
+        a = pp_ranks[schedules.stage_rank(lay.schedule, lay.pp, stage)]
+        b = pp_ranks[schedules.stage_rank(lay.schedule, lay.pp, stage + 1)]
+        seconds = ctx.time("p2p", nbytes, ctx.fabric.span([a, b])) + gather if a != b else 0.0
+        out[(stage, stage + 1)] = out[(stage + 1, stage)] = seconds
+    return out
+
+
+def dp_costs(ctx: StepContext) -> tuple[dict[int, float], dict[int, float], float]:
+    """Per stage: gradient reduction seconds (overlapped with the final backward as the stack does) and ZeRO-3
+    gather seconds (pipelined FSDP); and the ZeRO-1/2 parameter all-gather after the optimizer."""
+    plan, lay = ctx.plan, ctx.plan.layout
+    reduce_s: dict[int, float] = {}
+    gather_s: dict[int, float] = {}
+    if lay.dp == 1 or (lay.zero == 3 and lay.pp == 1):
+        return reduce_s, gather_s, 0.0
+    dp, edp = ctx.span("dp"), ctx.span("edp")
+    op = "all_reduce" if lay.zero == 0 else "reduce_scatter"
+    param_gather = 0.0
+    g, w = ctx.grad_bytes, ctx.param_bytes
+    for stage in range(lay.num_stages):
+        p = stage_params(plan, stage)
+        reduce_s[stage] = ctx.time(op, g * p.dense, dp) + ctx.time(op, g * p.expert, edp)
+        gather = ctx.time("all_gather", w * p.dense, dp) + ctx.time("all_gather", w * p.expert, edp)
+        if lay.zero == 3:
+            gather_s[stage] = gather
+        elif lay.zero in (1, 2) and schedules.stage_rank(lay.schedule, lay.pp, stage) == 0:
+            param_gather += gather
+    return reduce_s, gather_s, param_gather

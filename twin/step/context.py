@@ -1,0 +1,125 @@
+"""A plan placed on its cluster and run under its stack: the fabric, the rank grid, the device a rank sees, the
+options — what every cost function of a step takes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from plan import loader
+from plan.cluster import Cluster
+from plan.rank_grid import RankGrid
+from plan.schema import Plan
+from plan.stack import Stack
+from twin.step.collectives import InNetwork, collective_time
+from twin.step.compute import Device
+from twin.step.fabric import Fabric, GroupSpan
+from twin.step.kernels import Shape
+
+DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1}
+
+
+@dataclass(frozen=True)
+class PredictOptions:
+    """Switches for what-if and closed-form checks."""
+
+    free_comm: bool = False
+    """Every collective and send takes no time (isolates compute and the pipeline's own bubble)."""
+    stragglers: bool = True
+    """Apply the cluster's per-rank step-time variation (the slowest of N ranks)."""
+    algorithm: str | None = None
+    """Force one collective algorithm where it applies (ring, tree, hierarchical, nvls, sharp)."""
+    relocated: tuple[tuple[int, int], ...] = ()
+    """Job nodes running elsewhere in the cluster, as (job node, cluster node): a replacement from outside the job's
+    rail group."""
+
+
+@dataclass(frozen=True)
+class StepContext:
+    """A plan placed on its cluster under its stack."""
+
+    plan: Plan
+    cluster: Cluster
+    stack: Stack
+    fabric: Fabric
+    grid: RankGrid
+    device: Device
+    net: InNetwork
+    options: PredictOptions
+
+    @property
+    def comm_bytes(self) -> int:
+        """Bytes per element of activation traffic: fp8 where the plan trains in fp8 (DeepSeek-V3 §3.3 sends
+        dispatch and activations in fp8), fp32 in fp32, else 16 bits."""
+        return {"fp8": 1, "fp32": 4}.get(self.plan.training.dtype, 2)
+
+    @property
+    def grad_bytes(self) -> int:
+        """Bytes per element of the data-parallel gradient reduction: the plan's reduce dtype, else the stack's,
+        else the compute dtype's (16 bits under fp8)."""
+        tr = self.plan.training
+        dtype = tr.grad_reduce_dtype or self.stack.grad_reduce_dtype or tr.dtype
+        return max(2, DTYPE_BYTES[dtype])
+
+    @property
+    def param_bytes(self) -> int:
+        """Bytes per element of the weights the ZeRO gathers move: fp32 where the plan trains in fp32, else 16 bits."""
+        return 4 if self.plan.training.dtype == "fp32" else 2
+
+    @property
+    def dp_overlap(self) -> float:
+        """Share of the gradient reduction bucketed under the last backward: none where the stack reduces after the
+        pipeline flush, else the cluster profile's (1 on GPU clusters; measured for the executor on CPU hosts)."""
+        if self.stack.dp_overlap_for(self.plan.layout.pp) == "none":
+            return 0.0
+        return self.cluster.compute.dp_overlap_fraction
+
+    def span(self, *axes: str) -> GroupSpan:
+        return self.fabric.span(self.grid.group_of(0, *axes))
+
+    def time(self, op: str, nbytes: float, span: GroupSpan) -> float:
+        if self.options.free_comm:
+            return 0.0
+        return collective_time(op, nbytes, span, self.net, self._algorithm(op)).seconds  # type: ignore[arg-type]
+
+    def _algorithm(self, op: str) -> str | None:
+        forced = self.options.algorithm
+        return forced if forced and op == "all_reduce" else None
+
+
+def step_context(plan: Plan, cluster: Cluster, options: PredictOptions, stack: Stack | None = None) -> StepContext:
+    """The context every cost function takes; the plan's own stack unless one is given."""
+    lay = plan.layout
+    node = cluster.node
+    stack = stack or loader.plan_stack(plan)
+    nvls = node.intra.bandwidth_GBps * 1e9 * node.nvls_efficiency if node.nvls and node.nvls_efficiency else None
+    return StepContext(
+        plan=plan,
+        cluster=cluster,
+        stack=stack,
+        fabric=Fabric(cluster, dict(options.relocated)),
+        grid=RankGrid.from_layout(lay),
+        device=Device.of(
+            cluster,
+            plan.training.dtype,
+            min(lay.world_size, node.gpus),
+            share_cores=cluster.accelerator.kind != "cpu",  # CPU hosts: shared in the simulation (twin/step/host.py)
+            sharded=lay.tp > 1,
+            attention_kernel=stack.attention_kernel,
+        ),
+        net=InNetwork(nvls_link_Bps=nvls, sharp=cluster.fabric.sharp),
+        options=options,
+    )
+
+
+def shape_of(ctx: StepContext) -> Shape:
+    """One microbatch of one layer on one rank."""
+    lay, m = ctx.plan.layout, ctx.plan.model
+    return Shape(
+        tokens=lay.microbatch_size * m.seq_len // lay.cp,
+        tp=lay.tp,
+        sequence_parallel=lay.sequence_parallel,
+        fused_projections=lay.fused_projections,
+        microbatch=lay.microbatch_size,
+        seq_kv=m.seq_len,
+        experts_local=max(1, m.experts // lay.ep) if m.is_moe else 1,
+    )

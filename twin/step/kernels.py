@@ -1,0 +1,244 @@
+"""One transformer layer's compute on one rank for one microbatch, kernel by kernel as the stack runs it.
+
+The stack (plan/stack.py) lists a layer's forward kernels: the weight GEMMs and the attention core are priced from
+the model's shapes (twin/step/compute.py), every other kernel from the bytes it moves. Backward: each GEMM's two
+gradient GEMMs (input, weight — B and W when a schedule splits them), the attention core's backward, each
+memory-bound kernel's `backward` multiple of its forward bytes. Recompute reruns the forward (full) or the kernels
+the stack marks as recomputed (selective: the attention core).
+
+FLOPs follow Narayanan et al. 2021 (§3.1): 2·m·n·k per GEMM forward and the same for each gradient GEMM; a fused
+causal attention executes half of the s x s work (FlashAttention-2 §3.1: backward 2.5x forward), an unfused one
+the whole of it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from plan.schema import ModelSpec
+from plan.stack import Kernel, Stack
+from twin.step.compute import ACT_BYTES, DTENSOR_OPS_BACKWARD, DTENSOR_OPS_FORWARD, Device
+
+Gemm = tuple[float, float, float, float]
+"""(m, n, k, batch): a batch of m x k by k x n products."""
+
+
+@dataclass(frozen=True)
+class Shape:
+    """The tensor sizes of one microbatch of one layer on one rank."""
+
+    tokens: int
+    """Tokens of the microbatch on this rank: microbatch_size · seq_len / cp."""
+    tp: int
+    sequence_parallel: bool
+    fused_projections: bool = True
+    """Q, K and V (and gate, up) as one GEMM (Megatron) or one each (the executor's layers)."""
+    microbatch: int = 1
+    """Sequences in the microbatch."""
+    seq_kv: int = 0
+    """Keys each query attends over: the whole sequence (context parallelism gathers or rings it)."""
+    experts_local: int = 1
+    """Routed experts a rank holds: experts / ep."""
+
+
+@dataclass(frozen=True)
+class PassCost:
+    """Seconds and hardware FLOPs of one layer for one microbatch on one rank, before communication."""
+
+    forward_s: float
+    backward_input_s: float
+    backward_weight_s: float
+    recompute_s: float
+    forward_flops: float
+    backward_flops: float
+    recompute_flops: float
+    attention_s: float = 0.0
+    """Forward time of the attention core alone (what context-parallel exchanges can hide behind)."""
+    gemm_s: tuple[float, float] = (0.0, 0.0)
+    """Seconds of the weight GEMMs' input- and weight-gradient halves (what backward TP collectives overlap)."""
+    forward_gemm_s: float = 0.0
+    """Seconds of the forward weight GEMMs (what forward TP collectives overlap under userbuffers)."""
+    kernels: tuple[int, int] = (0, 0)
+    """Kernels issued forward and backward (the host must dispatch each)."""
+
+
+def tensor_sizes(m: ModelSpec, shape: Shape, moe: bool) -> dict[str, float]:
+    """Elements of each named tensor (plan.stack.TENSORS) per token of the microbatch on this rank."""
+    t = shape.tp
+    hq, hkv = m.heads * m.d_head, m.n_kv_heads * m.d_head
+    width = (m.moe_ffn_hidden or 0) * (m.top_k + m.shared_experts) if moe else m.ffn_hidden
+    return {
+        "h": float(m.hidden),
+        "h_sp": m.hidden / t if shape.sequence_parallel else float(m.hidden),
+        "qkv": (hq + 2 * hkv) / t,
+        "qk": (hq + hkv) / t,
+        "ctx": hq / t,
+        "ffn_in": width * (2 if m.glu else 1) / t,
+        "ffn": width / t,
+        "scores": m.heads / t * (shape.seq_kv or shape.tokens),
+        "logits": m.vocab / t,
+    }
+
+
+def weight_gemms(m: ModelSpec, shape: Shape, moe: bool) -> dict[str, list[Gemm]]:
+    """The weight GEMMs of one layer on one TP rank, by the stack's GEMM names."""
+    t, tokens, h = shape.tp, float(shape.tokens), float(m.hidden)
+    hq, hkv = m.heads * m.d_head, m.n_kv_heads * m.d_head
+    fused = shape.fused_projections
+    qkv: list[Gemm] = (
+        [(tokens, (hq + 2 * hkv) / t, h, 1.0)] if fused else [(tokens, n / t, h, 1.0) for n in (hq, hkv, hkv)]
+    )
+    gemms: dict[str, list[Gemm]] = {"qkv": qkv, "proj": [(tokens, h, hq / t, 1.0)]}
+    ups = 2 if m.glu else 1
+    if not moe:
+        width = m.ffn_hidden / t
+        up: list[Gemm] = [(tokens, ups * width, h, 1.0)] if fused else [(tokens, width, h, 1.0)] * ups
+        return {**gemms, "fc1": up, "fc2": [(tokens, h, width, 1.0)]}
+    assert m.moe_ffn_hidden is not None
+    width = m.moe_ffn_hidden / t
+    per_expert = tokens * m.top_k / shape.experts_local  # balanced routing: each local expert's rows
+    e = float(shape.experts_local)
+    fc1: list[Gemm] = [(tokens, float(m.experts), h, 1.0), (per_expert, ups * width, h, e)]  # router, experts
+    fc2: list[Gemm] = [(per_expert, h, width, e)]
+    if m.shared_experts:
+        fc1.append((tokens, ups * width * m.shared_experts, h, 1.0))
+        fc2.append((tokens, h, width * m.shared_experts, 1.0))
+    return {**gemms, "fc1": fc1, "fc2": fc2}
+
+
+def attention_flops(m: ModelSpec, microbatch: int, seq_local: int, tp: int) -> float:
+    """Forward FLOPs of scores and weighting on one rank, causal (half of the full s x s_kv)."""
+    return 0.5 * 2 * 2 * microbatch * (m.heads / tp) * seq_local * m.seq_len * m.d_head
+
+
+@dataclass
+class _Tally:
+    """Seconds, FLOPs and kernels of a pass, added up kernel by kernel."""
+
+    seconds: float = 0.0
+    flops: float = 0.0
+    kernels: int = 0
+
+    def add(self, seconds: float, flops: float = 0.0, kernels: int = 1) -> None:
+        self.seconds, self.flops, self.kernels = self.seconds + seconds, self.flops + flops, self.kernels + kernels
+
+
+def layer_cost(m: ModelSpec, shape: Shape, device: Device, stack: Stack, moe: bool, recompute: str) -> PassCost:
+    """One layer's compute for one microbatch on one rank under a recompute policy, as the stack runs it."""
+    sizes = tensor_sizes(m, shape, moe)
+    gemms = weight_gemms(m, shape, moe)
+    fwd, dgrad, wgrad, other, again = _Tally(), _Tally(), _Tally(), _Tally(), _Tally()
+    attention_fwd = fwd_gemm = 0.0
+    for kernel in stack.layer:
+        before = fwd.seconds
+        if kernel.gemm:
+            for mm, nn, kk, b in gemms[kernel.gemm]:
+                fwd.add(_batched(device, mm, nn, kk, b, DTENSOR_OPS_FORWARD), 2 * mm * nn * kk * b)
+                dgrad.add(_batched(device, mm, kk, nn, b, DTENSOR_OPS_BACKWARD / 2), 2 * mm * nn * kk * b)
+                wgrad.add(_batched(device, kk, nn, mm, b, DTENSOR_OPS_BACKWARD / 2), 2 * mm * nn * kk * b)
+            fwd_gemm += fwd.seconds - before
+        elif kernel.attention:
+            attention_fwd += _attention(m, shape, device, kernel, fwd, other)
+        else:
+            tensors = [*kernel.reads.items(), *kernel.writes.items()]
+            nbytes = sum(n * sizes[name] for name, n in tensors) * shape.tokens * ACT_BYTES
+            fwd.add(device.elementwise_s(nbytes, 1))
+            other.add(
+                device.elementwise_s(kernel.backward * nbytes, kernel.backward_kernels), 0.0, kernel.backward_kernels
+            )
+        if recompute == "full" or (recompute == "selective" and kernel.recomputed and not kernel.gemm):
+            again.add(fwd.seconds - before, 0.0, 0)
+    forward = fwd.seconds + device.layer_s
+    recompute_flops = {"full": fwd.flops, "selective": _core_flops(m, shape, stack)}.get(recompute, 0.0)
+    return PassCost(
+        forward_s=forward,
+        backward_input_s=dgrad.seconds + other.seconds,
+        backward_weight_s=wgrad.seconds,
+        recompute_s=(forward if recompute == "full" else again.seconds),
+        forward_flops=fwd.flops,
+        backward_flops=dgrad.flops + wgrad.flops + other.flops,
+        recompute_flops=recompute_flops,
+        attention_s=attention_fwd,
+        gemm_s=(dgrad.seconds, wgrad.seconds),
+        forward_gemm_s=fwd_gemm,
+        kernels=(fwd.kernels, dgrad.kernels + wgrad.kernels + other.kernels),
+    )
+
+
+def _batched(device: Device, m: float, n: float, k: float, batch: float, dtensor_ops: float) -> float:
+    return device.gemm_s(m, n, k, batch) + (dtensor_ops * device.sharded_s if m > 0 and n > 0 and k > 0 else 0.0)
+
+
+def _attention(m: ModelSpec, shape: Shape, device: Device, kernel: Kernel, fwd: _Tally, bwd: _Tally) -> float:
+    """Add the attention core's forward and backward; return its forward seconds."""
+    heads, d = m.heads / shape.tp, m.d_head
+    seq_q = shape.tokens // shape.microbatch
+    seq_kv = shape.seq_kv or seq_q
+    b = shape.microbatch * heads
+    if kernel.attention == "flash":
+        flops = attention_flops(m, shape.microbatch, seq_q, shape.tp)
+        f, back = device.attention_s(flops, seq_kv, d)
+        fwd.add(f, flops)
+        bwd.add(back, 2.5 * flops)
+        return f
+    if kernel.attention == "scores":  # Q·Kᵀ over the whole s x s_kv, no causal skipping; gradients for Q and K
+        mm, nn, kk = seq_q, seq_kv, d
+    else:  # probabilities · V; gradients for the probabilities and V
+        mm, nn, kk = seq_q, d, seq_kv
+    flops = 2.0 * mm * nn * kk * b
+    f = device.gemm_s(mm, nn, kk, b)
+    fwd.add(f, flops)
+    bwd.add(device.gemm_s(mm, kk, nn, b) + device.gemm_s(kk, nn, mm, b), 2 * flops, 2)
+    return f
+
+
+def _core_flops(m: ModelSpec, shape: Shape, stack: Stack) -> float:
+    """FLOPs selective recompute reruns: the attention core (causal when fused, the whole s x s_kv unfused)."""
+    seq_q = shape.tokens // shape.microbatch
+    if stack.flash:
+        return attention_flops(m, shape.microbatch, seq_q, shape.tp)
+    return 2 * 2.0 * shape.microbatch * m.heads / shape.tp * seq_q * (shape.seq_kv or seq_q) * m.d_head
+
+
+def head_cost(m: ModelSpec, shape: Shape, device: Device, stack: Stack) -> PassCost:
+    """The output head and loss on the last stage: a vocab-parallel GEMM and the stack's loss kernels."""
+    tokens, h, v = float(shape.tokens), float(m.hidden), m.vocab / shape.tp
+    fwd = device.linear_s(tokens, v, h, DTENSOR_OPS_FORWARD)
+    dgrad = device.linear_s(tokens, h, v, DTENSOR_OPS_BACKWARD / 2)
+    wgrad = device.linear_s(h, v, tokens, DTENSOR_OPS_BACKWARD / 2)
+    sizes = tensor_sizes(m, shape, moe=False)
+    loss_fwd = loss_bwd = 0.0
+    kernels = [1, 2]
+    for k in stack.head_kernels:
+        nbytes = sum(n * sizes[x] for x, n in (*k.reads.items(), *k.writes.items())) * tokens * ACT_BYTES
+        loss_fwd += device.elementwise_s(nbytes, 1)
+        loss_bwd += device.elementwise_s(k.backward * nbytes, k.backward_kernels)
+        kernels = [kernels[0] + 1, kernels[1] + k.backward_kernels]
+    gemm = 2.0 * tokens * h * v
+    return PassCost(
+        forward_s=fwd + loss_fwd,
+        backward_input_s=dgrad + loss_bwd,
+        backward_weight_s=wgrad,
+        recompute_s=0.0,
+        forward_flops=gemm,
+        backward_flops=2 * gemm,
+        recompute_flops=0.0,
+        gemm_s=(dgrad, wgrad),
+        forward_gemm_s=fwd,
+        kernels=(kernels[0], kernels[1]),
+    )
+
+
+def embedding_cost(m: ModelSpec, shape: Shape, device: Device) -> PassCost:
+    """The input embedding on the first stage: a gather forward, a scatter-add of gradients backward."""
+    nbytes = shape.tokens * m.hidden * ACT_BYTES
+    return PassCost(
+        device.elementwise_s(2 * nbytes, 1),
+        0.0,
+        device.elementwise_s(3 * nbytes, 1),
+        0.0,
+        0.0,
+        0.0,
+        0.0,
+        kernels=(1, 1),
+    )
