@@ -267,9 +267,15 @@ LLAMA3_TABLE_4 = (
 )
 
 
+LLAMA3_EDGE_STAGE_TRIM = 1
+"""Llama 3 §3.3.2: "we reduce one Transformer layer each from the first and the last stages ... the first model
+chunk on the first stage has only the embedding, and the last model chunk on the last stage has only output
+projection and loss calculation" — so a chunk is one layer: 126 layers and two empty chunks over PP16 x V8."""
+
+
 def llama_plan(row: LlamaRow) -> Plan:
-    """The row on the llama3-405b-16k preset's cluster and stack: interleaved 1F1B (not published: the preset's
-    two chunks), no recompute, CP by all-gather (§3.3.2)."""
+    """The row as §3.3.2 describes it: interleaved 1F1B with one layer per chunk (V = 8), no recompute, FSDP
+    sharding optimizer state and gradients (ZeRO-2), CP by all-gather, on the llama3-405b-16k preset's cluster."""
     return api.load_plan(
         {
             "name": f"llama3-405b-{row.gpus}-cp{row.cp}",
@@ -281,12 +287,13 @@ def llama_plan(row: LlamaRow) -> Plan:
                 16,
                 row.dp,
                 1,
-                2,
+                8,
                 cp=row.cp,
                 cp_algorithm="all-gather",
-                zero=1,
+                zero=2,
                 sequence_parallel=True,
                 rank_order="tp-cp-pp-dp",
+                edge_stage_trim=LLAMA3_EDGE_STAGE_TRIM,
             ),
             "training": {"global_batch": row.dp * row.batch_per_dp, "tokens": 15.6e12, "dtype": "bf16"},
         }

@@ -64,6 +64,11 @@ def check_supported(plan: Plan) -> None:
             "model.tied_embeddings: the executor ties the embedding and output head only with pp=1 and tp=1; "
             "set tied_embeddings: false or pp=tp=1"
         )
+    if 0 in plan.stage_layer_counts:
+        raise LayoutError(
+            "layout.stage_layers / edge_stage_trim: a stage without layers (an embedding- or head-only chunk) is a "
+            "twin-only layout for now; give every stage at least one layer"
+        )
     seq_local = m.seq_len // lay.cp
     if lay.sequence_parallel and seq_local % lay.tp:
         raise LayoutError(f"layout.sequence_parallel: local sequence {seq_local} is not divisible by tp={lay.tp}")

@@ -82,6 +82,17 @@ def model_flops_per_token(m: ModelSpec) -> float:
     return 6.0 * param_count(m).matmul_active + attention_scores
 
 
+def recompute_flops_per_token(m: ModelSpec, recompute: str) -> float:
+    """FLOPs per token that recompute adds, counted as model FLOPs are (Korthikanti et al. 2022's hardware FLOPs
+    utilisation): full recompute reruns each layer's forward (a third of its 6N share, attention included);
+    selective reruns the attention scores and weighting (4 · layers · heads · head_dim · seq_len)."""
+    attention = 4 * m.layers * m.heads * m.d_head * m.seq_len
+    if recompute == "full":
+        layer_params = param_count(m).matmul_active - m.vocab * m.hidden
+        return 2.0 * layer_params + attention
+    return float(attention) if recompute == "selective" else 0.0
+
+
 def mfu(tokens_per_s: float, m: ModelSpec, n_devices: int, peak_flops_per_device: float) -> float:
     """Model FLOPs utilisation: achieved model FLOP/s over the devices' peak FLOP/s (0-1)."""
     return tokens_per_s * model_flops_per_token(m) / (n_devices * peak_flops_per_device)

@@ -140,8 +140,14 @@ class Layout(Section):
     """Pipeline schedule."""
     virtual_stages: PositiveInt = 1
     """Model chunks per pipeline rank (count): 1 for gpipe/1f1b/zb-h1, >=2 for interleaved, 2 for zbv/dualpipe-v."""
-    stage_layers: tuple[PositiveInt, ...] | None = None
-    """Layers of each of the pp·virtual_stages stages, in model order; default splits as `stage_layer_counts`."""
+    stage_layers: tuple[NonNegativeInt, ...] | None = None
+    """Layers of each of the pp·virtual_stages stages, in model order; default splits as `stage_layer_counts`. A
+    stage may hold none (Llama 3 §3.3.2: the first chunk only the embedding, the last only the output head)."""
+    edge_stage_trim: NonNegativeInt = 0
+    """Layers taken from the first and from the last stage to make room for the embedding and the output head
+    (layers): the split gives layers + 2·trim evenly over the stages and the two edge stages hand `trim` back.
+    Llama 3 §3.3.2 uses 1 ("we reduce one Transformer layer each from the first and the last stages"); unlike
+    `stage_layers` it follows a change of pp or virtual_stages. Ignored where `stage_layers` is given."""
     recompute: Recompute = "none"
     """Activation recompute: none, selective (attention core, Korthikanti et al. 2022) or full (whole layer)."""
     sequence_parallel: bool = False
@@ -287,11 +293,19 @@ class Plan(Section):
                 )
         if lay.stage_layers is not None and sum(lay.stage_layers) != m.layers:
             raise ValueError(f"layout.stage_layers: sums to {sum(lay.stage_layers)}, but model.layers={m.layers}")
-        if lay.stage_layers is None and m.layers < lay.num_stages:
+        if lay.stage_layers is None and m.layers + 2 * lay.edge_stage_trim < lay.num_stages:
             raise ValueError(
                 f"layout.pp: model.layers={m.layers} cannot fill pp·virtual_stages={lay.num_stages} stages; "
                 "lower pp or virtual_stages"
             )
+        if lay.stage_layers is None and lay.edge_stage_trim and lay.num_stages > 1:
+            edges = split_layers(m.layers + 2 * lay.edge_stage_trim, lay.num_stages)
+            if min(edges[0], edges[-1]) < lay.edge_stage_trim:
+                raise ValueError(
+                    f"layout.edge_stage_trim: {lay.edge_stage_trim} is more than the "
+                    f"{min(edges[0], edges[-1])} layers an edge stage gets from {m.layers} layers over "
+                    f"{lay.num_stages} stages; lower it"
+                )
         per_step = lay.dp * lay.microbatch_size
         if tr.global_batch % per_step:
             raise ValueError(
@@ -336,14 +350,21 @@ class Plan(Section):
     def stage_layer_counts(self) -> tuple[int, ...]:
         """Layers per stage (pp·virtual_stages of them, in model order).
 
-        Explicit `layout.stage_layers` wins. Otherwise every stage gets ceil(L/S) layers and the deficit
-        S·ceil(L/S) − L is taken one layer at a time from the outermost stages inwards, alternating first and
-        last — they also carry the embedding and the output head. For Llama 3 405B's 126 layers on 16 stages this
-        gives 7 layers on the first and last stage and 8 elsewhere, as the Llama 3 paper describes (§3.3.2).
+        Explicit `layout.stage_layers` wins. Otherwise every stage gets ceil(L'/S) layers of L' = L + 2·trim
+        (`layout.edge_stage_trim`) and the deficit S·ceil(L'/S) − L' is taken one layer at a time from the
+        outermost stages inwards, alternating first and last — they also carry the embedding and the output head;
+        then the first and the last stage each hand `trim` layers back. For Llama 3 405B's 126 layers on 16 stages
+        this gives 7 layers on the first and last stage and 8 elsewhere, and with trim 1 on 16 x 8 chunks an
+        embedding-only first chunk, 126 one-layer chunks and a head-only last chunk, as §3.3.2 describes.
         """
-        if self.layout.stage_layers is not None:
-            return tuple(self.layout.stage_layers)
-        return split_layers(self.model.layers, self.layout.num_stages)
+        lay = self.layout
+        if lay.stage_layers is not None:
+            return tuple(lay.stage_layers)
+        trim = lay.edge_stage_trim if lay.num_stages > 1 else 0
+        counts = list(split_layers(self.model.layers + 2 * trim, lay.num_stages))
+        counts[0] -= trim
+        counts[-1] -= trim
+        return tuple(counts)
 
 
 def split_layers(layers: int, stages: int) -> tuple[int, ...]:

@@ -67,6 +67,9 @@ class Kernel(Section):
     """Kernels its backward runs (memory-bound kernels only)."""
     recomputed: bool = True
     """Rerun by selective recompute (the attention core's kernels); full recompute reruns every kernel."""
+    saves_output: bool = True
+    """Its output is kept for the backward; false: the stack frees it and reruns the (cheap, memory-bound) kernel
+    in the backward from its saved input, whatever the recompute policy."""
 
     @model_validator(mode="after")
     def _one_kind(self) -> Kernel:

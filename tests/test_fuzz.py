@@ -44,6 +44,7 @@ FIELDS = {
         "virtual_stages",
         "recompute",
         "stage_layers",
+        "edge_stage_trim",
         "rank_order",
         "sequence_parallel",
     ],

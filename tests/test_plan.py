@@ -57,7 +57,7 @@ def test_broken_corpus_covers_the_issue_categories() -> None:
 def test_override_sets_nested_field_and_swaps_model_preset() -> None:
     plan = loader.load("cpu-tiny", ["layout.dp=1", "training.global_batch=8", "model.layers=6"])
     assert (plan.layout.dp, plan.training.global_batch, plan.model.layers) == (1, 8, 6)
-    swapped = loader.load("llama3-405b-16k", ["model=llama3-70b"])
+    swapped = loader.load("llama3-405b-16k", ["model=llama3-70b", "layout.virtual_stages=4"])
     assert swapped.model.layers == 80
 
 
@@ -110,8 +110,19 @@ def test_split_layers_is_balanced(layers: int, stages: int) -> None:
 
 
 def test_llama3_405b_preset_stage_layers() -> None:
+    """§3.3.2: one layer per chunk over 16 x 8 chunks, the first chunk only the embedding and the last only the
+    head; the same trim on a plain 1F1B split gives 7 layers on the edge stages and 8 elsewhere."""
+    plan = loader.load("llama3-405b-16k")
+    assert plan.stage_layer_counts == (0,) + (1,) * 126 + (0,)
     plan = loader.load("llama3-405b-16k", ["layout.schedule=1f1b", "layout.virtual_stages=1"])
     assert plan.stage_layer_counts == (7,) + (8,) * 14 + (7,)
+    plan = loader.load("llama3-405b-16k", ["layout.pp=8"])  # 64 chunks: two layers each, one on the edges
+    assert plan.stage_layer_counts == (1,) + (2,) * 62 + (1,)
+
+
+def test_edge_stage_trim_larger_than_an_edge_stage_is_refused() -> None:
+    with pytest.raises(PlanError, match="edge_stage_trim: 3 is more than"):
+        loader.load("llama3-405b-16k", ["layout.edge_stage_trim=3"])
 
 
 @pytest.mark.parametrize(

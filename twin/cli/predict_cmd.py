@@ -32,6 +32,12 @@ def predict(
     show_prediction(pred, trace)
 
 
+def _utilisation(pred: StepPrediction) -> str:
+    """MFU and HFU by the published convention; for fp8 plans, MFU against the bf16 peak beside."""
+    bf16 = f", {pred.mfu_bf16:.1%} of the bf16 peak" if abs(pred.mfu_bf16 - pred.mfu) > 1e-12 else ""
+    return f"{pred.mfu:.1%} / {pred.hfu:.1%}{bf16}  ({pred.tflops_per_gpu:.0f} model TFLOP/s per GPU)"
+
+
 def show_prediction(pred: StepPrediction, trace: Path | None) -> None:
     """The prediction as two tables: headline figures and where the step goes."""
     head = Table(title=f"{pred.plan} on {pred.cluster} — {pred.world_size:,} GPUs", show_header=False)
@@ -41,7 +47,7 @@ def show_prediction(pred: StepPrediction, trace: Path | None) -> None:
     for key, value in (
         ("step time", f"{pred.step_time_s:.3f} s  ({pred.num_microbatches} microbatches per replica)"),
         ("throughput", f"{pred.tokens_per_s:,.0f} tokens/s"),
-        ("MFU / HFU", f"{pred.mfu:.1%} / {pred.hfu:.1%}  ({pred.tflops_per_gpu:.0f} model TFLOP/s per GPU)"),
+        ("MFU / HFU", _utilisation(pred)),
         ("bubble", f"{pred.bubble_fraction:.1%}"),
         (
             "memory",

@@ -146,7 +146,8 @@ def layer_cost(m: ModelSpec, shape: Shape, device: Device, stack: Stack, moe: bo
             other.add(
                 device.elementwise_s(kernel.backward * nbytes, kernel.backward_kernels), 0.0, kernel.backward_kernels
             )
-        if recompute == "full" or (recompute == "selective" and kernel.recomputed and not kernel.gemm):
+        rerun = recompute == "selective" and kernel.recomputed and not kernel.gemm
+        if recompute == "full" or rerun or not kernel.saves_output:
             again.add(fwd.seconds - before, 0.0, 0)
     forward = fwd.seconds + device.layer_s
     recompute_flops = {"full": fwd.flops, "selective": _core_flops(m, shape, stack)}.get(recompute, 0.0)

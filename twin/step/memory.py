@@ -7,10 +7,10 @@ sharding the 12 B over the data-parallel group, ZeRO-2 the gradients too and ZeR
 weights are sharded over their own expert-data-parallel group (dp / ep).
 
 Activations follow Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer Models", §4),
-counted tensor by tensor for a modern layer: no dropout, fused (flash) attention that keeps its output and
-log-sum-exp rather than the s x s scores, grouped-query K/V, SwiGLU or GELU MLP, MoE expert buffers. Tensor
-parallelism splits what is tensor-parallel; sequence parallelism also splits the norm and residual tensors; full
-recompute keeps only each layer's input.
+counted tensor by tensor from the stack's kernels (see `activation_bytes`): unfused attention keeps its s x s
+scores, a fused one its output and log-sum-exp; dropout keeps its masks; grouped-query K/V, SwiGLU or GELU MLP, MoE
+expert buffers. Tensor parallelism splits what is tensor-parallel; sequence parallelism also splits the norm and
+residual tensors; full recompute keeps only each layer's input.
 """
 
 from __future__ import annotations
@@ -20,7 +20,9 @@ from dataclasses import dataclass
 from plan.cluster import Cluster
 from plan.model_math import attention_params, mlp_params
 from plan.schema import Plan
+from plan.stack import Stack
 from twin.step.compute import ACT_BYTES
+from twin.step.kernels import Shape, tensor_sizes
 from twin.step.schedules import stage_rank
 
 GiB = 2**30
@@ -99,43 +101,47 @@ def stage_params(plan: Plan, stage: int) -> StageParams:
     return StageParams(dense, expert)
 
 
-def activation_bytes(plan: Plan, moe: bool) -> tuple[float, float]:
+def activation_bytes(plan: Plan, stack: Stack, moe: bool) -> tuple[float, float]:
     """Bytes one layer keeps for one microbatch until its backward, and the fraction of them that a split-off
-    weight-gradient pass (W) still needs (the inputs of the weight GEMMs)."""
+    weight-gradient pass (W) still needs (the inputs of the weight GEMMs).
+
+    Korthikanti et al. 2022 (§4) count a layer tensor by tensor (34·s·b·h + 5·a·s²·b bytes for a GPT layer with
+    dropout and unfused attention). Read off the stack's kernels, that is: what every memory-bound kernel writes
+    (norm outputs, residual sums and dropout masks, activation outputs, softmax and dropout over the scores), the
+    Q, K, V a GEMM hands the attention core (less what RoPE rewrites), the first MLP GEMM's output the activation
+    needs, and a fused attention's output and log-sum-exp. Selective recompute drops what the recomputed kernels
+    wrote (the attention core's); full recompute keeps only the layer's input."""
     m, lay = plan.model, plan.layout
-    t = lay.tp
-    tokens = lay.microbatch_size * m.seq_len // lay.cp
-    hq, hkv = m.heads * m.d_head, m.n_kv_heads * m.d_head
-    stream = tokens * m.hidden / (t if lay.sequence_parallel else 1)  # one [s, b, h] tensor
+    shape = Shape(lay.microbatch_size * m.seq_len // lay.cp, lay.tp, lay.sequence_parallel, seq_kv=m.seq_len)
+    sizes = tensor_sizes(m, shape, moe)
     if lay.recompute == "full":
-        return stream * ACT_BYTES, 1.0
-    qkv = tokens * (hq + 2 * hkv) / t
-    core = tokens * hq / t + 2 * tokens * m.heads / t  # flash output + fp32 log-sum-exp
-    mats = 3 if m.glu else 2
-    if moe:
+        return shape.tokens * sizes["h_sp"] * ACT_BYTES, 1.0
+    selective = lay.recompute == "selective"
+    kept = sum(
+        n * sizes[t]
+        for k in stack.layer
+        if not k.gemm and not k.attention and k.saves_output and not (selective and k.recomputed)
+        for t, n in k.writes.items()
+    )
+    rope = any("qk" in k.writes for k in stack.layer)
+    kept += sizes["qkv"] - (sizes["qk"] if rope else 0.0) + sizes["ffn_in"]
+    if stack.flash:
+        kept += sizes["ctx"] + (0.0 if selective else 2 * m.heads / lay.tp)  # output; fp32 log-sum-exp
+    if not stack.sp_regather_input:  # the column-parallel GEMMs keep their gathered input
+        kept += 2 * (sizes["h"] - sizes["h_sp"])
+    if moe:  # the experts' dispatched inputs and the router's probabilities
         assert m.moe_ffn_hidden is not None
-        routed = tokens * m.top_k
-        width = (routed + tokens * m.shared_experts) * m.moe_ffn_hidden / t  # one MLP matrix's output, all experts
-        mlp = routed * m.hidden / t + mats * width + 2 * tokens * m.experts
-    else:
-        width = tokens * m.ffn_hidden / t
-        mlp = mats * width
-    down_in = width
-    norm_outputs = 2 * stream
-    if lay.recompute == "selective":
-        # recompute the attention core, both norms and the MLP activation function: Megatron-Core's selective
-        # modules core_attn + layernorm + mlp/moe_act (its DeepSeek-V3 recipe); DeepSeek-V3 report §3.3.3
-        core, norm_outputs, mlp = 0.0, 0.0, mlp - width
-    total = 2 * stream + norm_outputs + qkv + core + mlp
-    weight_inputs = 2 * stream + tokens * hq / t + down_in
-    share = min(1.0, weight_inputs / total)
+        kept += m.top_k * m.hidden / lay.tp + 2 * m.experts
+    weight_inputs = 2 * sizes["h_sp"] + sizes["ctx"] + sizes["ffn"]
+    share = min(1.0, weight_inputs / kept) if kept else 0.0
     # fp8 training caches the inputs of its fp8 GEMMs in fp8 (DeepSeek-V3 report §3.3.3)
     per_element = ACT_BYTES * (1 - share / 2) if plan.training.dtype == "fp8" else ACT_BYTES
-    return total * per_element, share
+    return kept * shape.tokens * per_element, share
 
 
-def rank_state_bytes(plan: Plan, stages: list[int]) -> tuple[float, float, float]:
-    """(weights, gradients, optimizer) bytes of one rank holding `stages`, sharded as its ZeRO stage says."""
+def rank_state_bytes(plan: Plan, stages: list[int], grad_bytes: int = 2) -> tuple[float, float, float]:
+    """(weights, gradients, optimizer) bytes of one rank holding `stages`, sharded as its ZeRO stage says; gradients
+    of `grad_bytes` each (2: bf16, 16 bytes per parameter in all with Adam; 4: Megatron's fp32 main_grad)."""
     lay = plan.layout
     dense = sum(stage_params(plan, s).dense for s in stages)
     expert = sum(stage_params(plan, s).expert for s in stages)
@@ -145,10 +151,10 @@ def rank_state_bytes(plan: Plan, stages: list[int]) -> tuple[float, float, float
         return dense / lay.dp + expert / edp if lay.zero >= stage_from else dense + expert
 
     opt = OPTIMIZER_BYTES[plan.training.optimizer]
-    return 2 * shard(3), 2 * shard(2), opt * shard(1)
+    return 2 * shard(3), grad_bytes * shard(2), opt * shard(1)
 
 
-def transient_bytes(plan: Plan, stages: list[int], last: bool) -> float:
+def transient_bytes(plan: Plan, stack: Stack, stages: list[int], last: bool) -> float:
     """The largest short-lived allocation on this rank."""
     m, lay = plan.model, plan.layout
     tokens = lay.microbatch_size * m.seq_len // lay.cp
@@ -156,11 +162,8 @@ def transient_bytes(plan: Plan, stages: list[int], last: bool) -> float:
     if last:  # fp32 logits and their gradient for one microbatch
         candidates.append(2 * tokens * m.vocab / lay.tp * 4)
     if lay.recompute == "full":  # one layer rebuilt in full during its backward
-        candidates.append(
-            activation_bytes(
-                plan.model_copy(update={"layout": lay.model_copy(update={"recompute": "none"})}), m.is_moe
-            )[0]
-        )
+        rebuilt = plan.model_copy(update={"layout": lay.model_copy(update={"recompute": "none"})})
+        candidates.append(activation_bytes(rebuilt, stack, m.is_moe)[0])
     if lay.zero == 3:
         layers = [layer for s in stages for layer in stage_layer_ranges(plan)[s]]
         biggest = max((layer_params(plan, i).dense + layer_params(plan, i).expert for i in layers), default=0.0)
@@ -171,19 +174,21 @@ def transient_bytes(plan: Plan, stages: list[int], last: bool) -> float:
     return max(candidates)
 
 
-def memory_breakdown(plan: Plan, cluster: Cluster, peak_live_layers: list[float]) -> MemoryBreakdown:
+def memory_breakdown(
+    plan: Plan, cluster: Cluster, stack: Stack, peak_live_layers: list[float], grad_bytes: int = 2
+) -> MemoryBreakdown:
     """Memory of every pipeline rank; returns the fullest. `peak_live_layers[r]` is the schedule's peak of
     in-flight activations on rank r, in units of one layer's activations for one microbatch (a dense layer;
     MoE layers are weighed by the caller)."""
     lay = plan.layout
-    dense_act, _ = activation_bytes(plan, moe=False)
+    dense_act, _ = activation_bytes(plan, stack, moe=False)
     capacity = cluster.accelerator.hbm_GB * 1e9
     worst: MemoryBreakdown | None = None
     for rank in range(lay.pp):
         stages = [s for s in range(lay.num_stages) if stage_rank(lay.schedule, lay.pp, s) == rank]
-        weights, grads, optim = rank_state_bytes(plan, stages)
+        weights, grads, optim = rank_state_bytes(plan, stages, grad_bytes)
         acts = peak_live_layers[rank] * dense_act
-        transient = transient_bytes(plan, stages, last=lay.num_stages - 1 in stages)
+        transient = transient_bytes(plan, stack, stages, last=lay.num_stages - 1 in stages)
         peak = weights + grads + optim + acts + transient + RESERVED_BYTES
         fits = peak <= capacity
         reason = f"peak {peak / GiB:.1f} GiB of {capacity / GiB:.1f} GiB on pipeline rank {rank}" + (

@@ -17,7 +17,7 @@ from typing import Any
 
 from plan import loader
 from plan.cluster import Cluster
-from plan.model_math import model_flops_per_token
+from plan.model_math import model_flops_per_token, recompute_flops_per_token
 from plan.schema import Plan
 from twin.step import schedules
 from twin.step.collectives import collective_time
@@ -49,9 +49,16 @@ class StepPrediction:
     step_time_s: float
     tokens_per_s: float
     mfu: float
-    """Model FLOPs utilisation: PaLM's 6N + attention FLOPs, no recompute, against the dense bf16 peak."""
+    """Model FLOPs utilisation by the convention Megatron-LM, PaLM (Appendix B) and Llama 3 publish: 6 FLOPs per
+    matmul parameter per token plus 12 · layers · heads · head_dim · seq_len for the attention scores, unmasked,
+    no recompute — against the dense peak of the plan's matmul dtype (fp8's own for fp8 plans)."""
     hfu: float
-    """Hardware FLOPs utilisation: what the kernels run (causal attention, recompute included), same peak."""
+    """Hardware FLOPs utilisation (Korthikanti et al. 2022): the same count plus the recomputed work (so >= mfu)."""
+    mfu_bf16: float
+    """`mfu` against the dense bf16 peak (equal to mfu unless the plan trains in fp8)."""
+    executed_utilisation: float
+    """FLOPs the kernels really run (a fused causal attention skips the masked half; recompute included) over the
+    peak: the device's busy share, which a correct model never puts above 1."""
     tflops_per_gpu: float
     """Model TFLOP/s per GPU (the MFU numerator)."""
     bubble_fraction: float
@@ -87,8 +94,8 @@ def straggler_factor(cluster: Cluster, ranks: int) -> float:
 def _activation_weights(ctx: StepContext) -> tuple[dict[int, float], float]:
     """Each stage's activations per in-flight microbatch, in units of one dense layer's, and the W-kept share."""
     plan, m = ctx.plan, ctx.plan.model
-    dense, kept = layer_activation_bytes(plan, moe=False)
-    moe = layer_activation_bytes(plan, moe=True)[0] if m.is_moe else dense
+    dense, kept = layer_activation_bytes(plan, ctx.stack, moe=False)
+    moe = layer_activation_bytes(plan, ctx.stack, moe=True)[0] if m.is_moe else dense
     weights = {
         s: sum(moe / dense if m.is_moe and i >= m.dense_layers else 1.0 for i in layers)
         for s, layers in enumerate(stage_layer_ranges(plan))
@@ -128,7 +135,8 @@ def predict(plan: Plan, cluster: Cluster | None = None, options: PredictOptions 
     live = [
         schedules.peak_live(o, weights, kept if schedules.splits_weight_grad(lay.schedule) else 0.0) for o in orders
     ]
-    return _summarise(ctx, result, memory_breakdown(plan, cluster, live), param_gather, kinds)
+    memory = memory_breakdown(plan, cluster, ctx.stack, live, ctx.grad_bytes)
+    return _summarise(ctx, result, memory, param_gather, kinds)
 
 
 def _pairs_hide_all_to_all(plan: Plan) -> bool:
@@ -166,10 +174,15 @@ def _summarise(
         "straggler": straggle,
         "data_wait": data_wait,
     }
-    peak = Device.of(cluster, "bf16", min(lay.world_size, cluster.node.gpus)).peak_flops
+    ranks_per_node = min(lay.world_size, cluster.node.gpus)
+    peak = Device.of(cluster, plan.training.dtype, ranks_per_node).peak_flops
+    bf16_peak = Device.of(cluster, "bf16", ranks_per_node).peak_flops
     tokens_per_s = plan.tokens_per_step / step
     model_flops = tokens_per_s * model_flops_per_token(plan.model)
-    hardware_flops = _hardware_flops_per_step(ctx, kinds) / step
+    recomputed = tokens_per_s * recompute_flops_per_token(plan.model, lay.recompute)
+    executed = _hardware_flops_per_step(ctx, kinds) / step / (lay.world_size * peak)
+    if executed > 1.0 + 1e-9:  # an internal invariant: no device runs faster than its peak
+        raise RuntimeError(f"{plan.name}: the step model runs {executed:.0%} of peak; a model error, please report it")
     days = plan.training.tokens / tokens_per_s / 86400
     return StepPrediction(
         plan=plan.name,
@@ -179,7 +192,9 @@ def _summarise(
         step_time_s=step,
         tokens_per_s=tokens_per_s,
         mfu=model_flops / (lay.world_size * peak),
-        hfu=hardware_flops / (lay.world_size * peak),
+        hfu=(model_flops + recomputed) / (lay.world_size * peak),
+        mfu_bf16=model_flops / (lay.world_size * bf16_peak),
+        executed_utilisation=executed,
         tflops_per_gpu=model_flops / lay.world_size / 1e12,
         bubble_fraction=rt.bubble / step,
         memory=memory,

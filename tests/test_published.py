@@ -1,0 +1,77 @@
+"""The twin against published runs, with the tolerances we state in the README (benchmarks/published_figures.py
+prints the same rows worst first).
+
+The bounds are claims about the model, not snapshots of today's numbers: Narayanan's table within Calculon's mean
+error on it (8.0%, Isaev et al. 2023), every Llama 3 row within 15% of its MFU, the Megatron tables within the 25%
+that the two unexplained Megatron-Core rows still need (see the README's validation section).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from benchmarks.published_figures import TABLES, Row, summary
+from plan import loader
+from plan.model_math import model_flops_per_token, recompute_flops_per_token
+from twin.step.predict import predict, straggler_factor
+
+BOUNDS = {  # table: (mean |error|, worst |error|)
+    "nccl-tests": (0.03, 0.05),
+    "narayanan-a100": (0.08, 0.12),
+    "mcore-h100": (0.10, 0.25),
+    "megatron-a100-readme": (0.05, 0.10),
+    "llama3-table4": (0.15, 0.15),
+}
+
+
+@pytest.fixture(scope="module")
+def tables() -> dict[str, list[Row]]:
+    return {name: build() for name, build in TABLES.items()}
+
+
+@pytest.mark.parametrize("name", list(BOUNDS))
+def test_published_table_within_stated_error(name: str, tables: dict[str, list[Row]]) -> None:
+    rows = tables[name]
+    s = summary(rows)
+    mean, worst = BOUNDS[name]
+    report = "\n".join(f"{r['what']}: {r['published']:g} vs {r['predicted']:.4g} ({r['error']:+.1%})" for r in rows)
+    assert s["mean_abs_error"] <= mean, report
+    assert s["worst_abs_error"] <= worst, report
+
+
+def test_every_published_table_has_rows_and_sources(tables: dict[str, list[Row]]) -> None:
+    assert set(tables) == set(BOUNDS)
+    for rows in tables.values():
+        assert rows and all(r["source"] and r["kind"] in ("validation", "consistency") for r in rows)
+
+
+def test_narayanan_larger_models_run_no_faster_per_gpu_than_measured_by_more_than_the_table_spread(
+    tables: dict[str, list[Row]],
+) -> None:
+    """The twin's error on Narayanan's table has one sign (it is a little optimistic everywhere) and no trend
+    with size: the spread of the errors stays within 10 points, so the ordering of the rows is the paper's."""
+    errors = [r["error"] for r in tables["narayanan-a100"]]
+    assert max(errors) - min(errors) <= 0.10
+
+
+def test_llama3_405b_fits_without_recompute_and_utilisation_is_ordered() -> None:
+    """§3.3.2: the 16k-GPU run trains without activation recompute, so the plan must fit in 80 GB; with
+    recompute switched on HFU counts the recomputed work on top of MFU; nothing executes above peak."""
+    plan = loader.load("llama3-405b-16k")
+    result = predict(plan)
+    assert result.fits, result.memory
+    assert result.hfu == pytest.approx(result.mfu)  # no recompute: hardware and model FLOPs agree
+    # the fused causal attention skips the masked half of the scores, so the kernels run less than the count
+    assert 0 < result.executed_utilisation < result.mfu <= 1
+    full = predict(loader.load("llama3-405b-16k", ["layout.recompute=full"]))
+    m = plan.model
+    ratio = (model_flops_per_token(m) + recompute_flops_per_token(m, "full")) / model_flops_per_token(m)
+    assert full.hfu == pytest.approx(full.mfu * ratio, rel=1e-9)
+    assert full.mfu < result.mfu  # recompute costs time and buys nothing the MFU counts
+
+
+def test_straggler_cost_at_16k_is_llama3s_one_to_two_percent() -> None:
+    """Consistency, not validation: the H100 clusters' jitter_cv was derived from Llama 3's 1-2% throughput
+    variation at 16,384 GPUs (§3.3.4), so the median slowest of 16,384 must land inside that band."""
+    cluster = loader.load_cluster("meta-24k-h100-roce")
+    assert 1.01 <= straggler_factor(cluster, 16_384) <= 1.02
