@@ -240,7 +240,7 @@ def _collective_summary(ctx: StepContext) -> dict[str, dict[str, Any]]:
         "cp": ("p2p", stream),
         "ep": ("all_to_all", stream * max(1, m.top_k)),
         "dp": ("all_reduce" if lay.zero == 0 else "reduce_scatter", grads),
-        "pp": ("p2p", stream),
+        "pp": ("p2p", stream / lay.tp if lay.sequence_parallel or ctx.stack.pp_scatter_gather else stream),
     }
     out = {}
     for axis, (op, nbytes) in typical.items():
