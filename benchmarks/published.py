@@ -8,6 +8,10 @@ Four development tables (every figure public; see ../shared/published and the so
 - Megatron-LM's A100 README table of 2022-05 to 2024-07 (Korthikanti et al. 2022's runs at DP = 1).
 - Llama 3 405B, Dubey et al. 2024, Table 4.
 
+And NVIDIA's DGX Cloud benchmark recipes (NVIDIA/dgxc-benchmarking v25.02, NeMo 24.12), whose settings are
+published whole: the bf16 rows are the table the H100's in-training fraction is fitted on (benchmarks/
+fit_in_training.py); the fp8 rows are left out of that fit.
+
 Where a paper is silent, the choice below was fixed before any prediction was compared, and is said.
 """
 
@@ -297,6 +301,66 @@ def llama_plan(row: LlamaRow) -> Plan:
             ),
             "training": {"global_batch": row.dp * row.batch_per_dp, "tokens": 15.6e12, "dtype": "bf16"},
         }
+    )
+
+
+# --- NVIDIA DGX Cloud benchmark recipes (NeMo 24.12), H100 ------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DgxcRow:
+    """One published step time of NVIDIA/dgxc-benchmarking at 8f5cbb3 (v25.02, nvcr.io/nvidia/nemo:24.12), with
+    the recipe's own layout (llama3.1/README_{8b,70b,405b}.md, nemo_megatron/README_175b.md and the yaml files beside
+    them): micro-batch 1, no recompute, the stack nemo-24.12."""
+
+    model: str
+    """Model preset (Llama 3.1 shares Llama 3's architecture; GPT-3 175B as Brown et al.)."""
+    seq: int
+    gpus: int
+    tp: int
+    pp: int
+    cp: int
+    virtual: int
+    batch: int
+    dtype: str
+    step_s: float
+    """Published training step time (seconds per step)."""
+
+
+DGXC_H100 = (
+    DgxcRow("llama3-8b", 8192, 8, 1, 1, 2, 1, 128, "bf16", 12.78),
+    DgxcRow("llama3-8b", 8192, 128, 1, 1, 2, 1, 2048, "bf16", 13.16),
+    DgxcRow("llama3-70b", 8192, 64, 4, 4, 2, 5, 128, "bf16", 14.61),
+    DgxcRow("llama3-70b", 8192, 2048, 4, 4, 2, 5, 4096, "bf16", 14.84),
+    DgxcRow("llama3-405b", 8192, 576, 8, 9, 2, 7, 252, "bf16", 17.50),
+    DgxcRow("llama3-405b", 8192, 2304, 8, 9, 2, 7, 1008, "bf16", 17.70),
+    DgxcRow("gpt3-175b", 2048, 128, 4, 8, 1, 12, 256, "bf16", 8.309),
+    DgxcRow("gpt3-175b", 2048, 2048, 4, 8, 1, 12, 4096, "bf16", 8.49),
+    DgxcRow("llama3-8b", 8192, 8, 1, 1, 2, 1, 128, "fp8", 9.44),
+    DgxcRow("llama3-8b", 8192, 128, 1, 1, 2, 1, 2048, "fp8", 9.73),
+    DgxcRow("llama3-70b", 8192, 64, 4, 4, 2, 5, 128, "fp8", 10.46),
+    DgxcRow("llama3-70b", 8192, 2048, 4, 4, 2, 5, 4096, "fp8", 10.99),
+    DgxcRow("llama3-405b", 8192, 576, 8, 9, 2, 7, 252, "fp8", 11.00),
+    DgxcRow("llama3-405b", 8192, 2304, 8, 9, 2, 7, 1008, "fp8", 11.20),
+    DgxcRow("gpt3-175b", 2048, 128, 4, 8, 1, 12, 256, "fp8", 5.626),
+    DgxcRow("gpt3-175b", 2048, 2048, 4, 8, 1, 12, 4096, "fp8", 5.96),
+)
+
+
+def dgxc_plan(row: DgxcRow, overrides: list[str] | None = None) -> Plan:
+    """The recipe on DGX H100 SuperPOD nodes (DGX Cloud), ZeRO-1 (the distributed optimizer), sequence parallel
+    where tp > 1, interleaved where the recipe sets VP."""
+    dp = row.gpus // (row.tp * row.pp * row.cp)
+    return api.load_plan(
+        {
+            "name": f"dgxc-{row.model}-{row.gpus}-{row.dtype}",
+            "model": {**loader.expand_model({"model": row.model}, row.model)["model"], "seq_len": row.seq},
+            "cluster": _cluster("dgx-h100-superpod", row.gpus, 16384),
+            "stack": "nemo-24.12",
+            "layout": _layout(row.tp, row.pp, dp, 1, row.virtual, cp=row.cp, zero=1, sequence_parallel=row.tp > 1),
+            "training": {"global_batch": row.batch, "tokens": 1e12, "dtype": row.dtype},
+        },
+        overrides or [],
     )
 
 

@@ -2,10 +2,12 @@
 
 Tables (benchmarks/published.py): nccl-tests bus bandwidth on one node; Narayanan et al. 2021 Table 1 (A100,
 TFLOP/s by the paper's formula); Megatron-Core r0.8.0's H100 table (TFLOP/s by Megatron-Core's formula); the
-Megatron-LM A100 README table (MFU); Llama 3 405B Table 4 (MFU). Each row says its kind: `validation` (the twin
-was not built from that figure) or `consistency` (a catalogue number was derived from the same published figure,
-so agreement only shows the arithmetic is consistent). Prints a table per source with mean and worst absolute
-error and writes benchmarks/results/published_figures.json. Run: `python benchmarks/published_figures.py`.
+Megatron-LM A100 README table (MFU); Llama 3 405B Table 4 (MFU); NVIDIA's DGX Cloud recipes (step time, as
+throughput). Each row says its kind: `validation` (the twin was not built from that figure), `consistency` (a
+catalogue number was derived from the same published figure, so agreement only shows the arithmetic is
+consistent) or `fit` (the row is in the table an accelerator's one fitted constant was fitted on). Prints a table
+per source with mean and worst absolute error (and, beside a fit, the rows left out of it) and writes
+benchmarks/results/published_figures.json. Run: `python benchmarks/published_figures.py`.
 """
 
 from __future__ import annotations
@@ -23,10 +25,12 @@ from rich.table import Table
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script: the repo root
 
 from benchmarks.published import (
+    DGXC_H100,
     KORTHIKANTI_A100,
     LLAMA3_TABLE_4,
     MCORE_H100,
     NARAYANAN_TABLE_1,
+    dgxc_plan,
     korthikanti_mfu,
     korthikanti_plan,
     llama_plan,
@@ -98,6 +102,21 @@ def llama_rows() -> list[Row]:
     return out
 
 
+def dgxc_rows() -> list[Row]:
+    """Step times of NVIDIA's DGX Cloud recipes as throughput errors (published step / predicted step − 1). The
+    bf16 rows are where the H100's in-training fraction was fitted (kind `fit`); the fp8 rows were left out."""
+    out = []
+    for r in DGXC_H100:
+        step = predict(dgxc_plan(r)).step_time_s
+        tp = f"TP{r.tp} PP{r.pp} CP{r.cp}" + (f" VP{r.virtual}" if r.virtual > 1 else "")
+        what = f"{r.model} {r.dtype}, {r.gpus:,} H100, {tp}: tokens/s per GPU"
+        kind = "fit" if r.dtype == "bf16" else "validation"
+        per_gpu = r.seq * r.batch / r.gpus
+        source = "NVIDIA/dgxc-benchmarking v25.02 (NeMo 24.12)"
+        out.append(_row(what, round(per_gpu / r.step_s), per_gpu / step, source, kind))
+    return out
+
+
 def _row(what: str, published: float, predicted: float, source: str, kind: str = "validation") -> Row:
     return {
         "what": what,
@@ -115,12 +134,24 @@ TABLES: dict[str, Callable[[], list[Row]]] = {
     "mcore-h100": mcore_rows,
     "megatron-a100-readme": korthikanti_rows,
     "llama3-table4": llama_rows,
+    "dgxc-h100": dgxc_rows,
 }
 
 
 def summary(rows: list[Row]) -> dict[str, float]:
+    """Mean and worst absolute error over every row, and over the rows of each kind present."""
     errors = [abs(r["error"]) for r in rows]
-    return {"rows": len(rows), "mean_abs_error": sum(errors) / len(errors), "worst_abs_error": max(errors)}
+    out = {"rows": len(rows), "mean_abs_error": sum(errors) / len(errors), "worst_abs_error": max(errors)}
+    for kind in sorted({r["kind"] for r in rows}):
+        mine = [abs(r["error"]) for r in rows if r["kind"] == kind]
+        out[f"{kind}_rows"] = len(mine)
+        out[f"{kind}_mean_abs_error"] = sum(mine) / len(mine)
+        out[f"{kind}_worst_abs_error"] = max(mine)
+    return out
+
+
+def _number(v: float) -> str:
+    return f"{v:,.0f}" if abs(v) >= 1e4 else f"{v:.4g}"
 
 
 def main() -> None:
@@ -131,13 +162,15 @@ def main() -> None:
         rows = sorted(build(), key=lambda r: -abs(r["error"]))  # the bad rows first
         results[name] = {"rows": rows, **summary(rows), "seconds": time.perf_counter() - t0}
         s = results[name]
-        table = Table(
-            title=f"{name}: mean |error| {s['mean_abs_error']:.1%}, worst {s['worst_abs_error']:.1%} ({s['rows']} rows)"
-        )
+        title = f"{name}: mean |error| {s['mean_abs_error']:.1%}, worst {s['worst_abs_error']:.1%} ({s['rows']} rows)"
+        if "fit_rows" in s and "validation_rows" in s:
+            left = s["validation_mean_abs_error"], s["validation_worst_abs_error"]
+            title += f"; left out of the fit: mean {left[0]:.1%}, worst {left[1]:.1%}"
+        table = Table(title=title)
         for col in ("figure", "kind", "published", "predicted", "error"):
             table.add_column(col, justify="left" if col in ("figure", "kind") else "right")
         for r in rows:
-            table.add_row(r["what"], r["kind"], f"{r['published']:g}", f"{r['predicted']:.4g}", f"{r['error']:+.1%}")
+            table.add_row(r["what"], r["kind"], _number(r["published"]), _number(r["predicted"]), f"{r['error']:+.1%}")
         console.print(table)
     out = Path(__file__).parent / "results" / "published_figures.json"
     out.parent.mkdir(exist_ok=True)

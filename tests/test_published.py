@@ -1,12 +1,14 @@
 """The twin against published runs, with the tolerances we state in the README (benchmarks/published_figures.py
 prints the same rows worst first).
 
-The bounds are claims about the model, not snapshots of today's numbers: Narayanan's table within Calculon's mean
-error on it (8.0%, Isaev et al. 2023), every Llama 3 row within 15% of its MFU, the Megatron tables within the 25%
-that the two unexplained Megatron-Core rows still need (see the README's validation section).
+The bounds are issue 13's targets where the twin meets them — a table within 5% mean absolute error and no row
+beyond 10%, Llama 3's rows within about 2 MFU points — and, for Megatron-Core's H100 table, which it does not
+meet, the regression bound its unexplained rows still need (see the README's Fidelity section).
 """
 
 from __future__ import annotations
+
+import math
 
 import pytest
 
@@ -18,11 +20,14 @@ from twin.step.predict import predict, straggler_factor
 
 BOUNDS = {  # table: (mean |error|, worst |error|)
     "nccl-tests": (0.03, 0.05),
-    "narayanan-a100": (0.08, 0.12),
-    "mcore-h100": (0.10, 0.25),
+    "narayanan-a100": (0.05, 0.10),  # below Calculon's 8.0% mean on the same rows (Isaev et al. 2023)
+    "mcore-h100": (0.10, 0.25),  # misses the 5% / 10% target: 32B -22%, 1.7B and 7.1B +13%
     "megatron-a100-readme": (0.05, 0.10),
-    "llama3-table4": (0.15, 0.15),
+    "llama3-table4": (0.05, 0.06),
+    "dgxc-h100": (0.05, 0.10),
 }
+LLAMA3_MFU_POINTS = 0.025
+"""Llama 3 Table 4 prints MFU to whole points; a row may be off by 2 points and the rounding."""
 
 
 @pytest.fixture(scope="module")
@@ -40,10 +45,33 @@ def test_published_table_within_stated_error(name: str, tables: dict[str, list[R
     assert s["worst_abs_error"] <= worst, report
 
 
+def test_llama3_rows_within_mfu_points(tables: dict[str, list[Row]]) -> None:
+    for r in tables["llama3-table4"]:
+        assert abs(r["predicted"] - r["published"]) <= LLAMA3_MFU_POINTS, r["what"]
+
+
+@pytest.mark.consistency
+def test_h100_in_training_fraction_sits_at_the_centre_of_its_fit_table(tables: dict[str, list[Row]]) -> None:
+    """Consistency: topologies/accelerators/h100-sxm5-80gb.yaml's in_training_fraction was fitted on the bf16 rows
+    of NVIDIA's DGX Cloud table (benchmarks/fit_in_training.py); with it, those rows' mean log error is ~0. A change
+    to the step model that moves them says the fraction must be fitted again."""
+    fit = [r for r in tables["dgxc-h100"] if r["kind"] == "fit"]
+    assert len(fit) == 8
+    mean_log = sum(math.log(r["predicted"] / r["published"]) for r in fit) / len(fit)
+    assert abs(mean_log) < 0.01
+
+
+def test_h100_fraction_left_out_rows_within_bounds(tables: dict[str, list[Row]]) -> None:
+    """Validation of the fitted fraction where it was not fitted: the same table's fp8 rows and Llama 3."""
+    left_out = [r for r in tables["dgxc-h100"] if r["kind"] == "validation"] + tables["llama3-table4"]
+    errors = [abs(r["error"]) for r in left_out]
+    assert sum(errors) / len(errors) <= 0.06 and max(errors) <= 0.10
+
+
 def test_every_published_table_has_rows_and_sources(tables: dict[str, list[Row]]) -> None:
     assert set(tables) == set(BOUNDS)
     for rows in tables.values():
-        assert rows and all(r["source"] and r["kind"] in ("validation", "consistency") for r in rows)
+        assert rows and all(r["source"] and r["kind"] in ("validation", "consistency", "fit") for r in rows)
 
 
 def test_narayanan_larger_models_run_no_faster_per_gpu_than_measured_by_more_than_the_table_spread(
@@ -71,6 +99,7 @@ def test_llama3_405b_fits_without_recompute_and_utilisation_is_ordered() -> None
     assert full.mfu < result.mfu  # recompute costs time and buys nothing the MFU counts
 
 
+@pytest.mark.consistency
 def test_straggler_cost_at_16k_is_llama3s_one_to_two_percent() -> None:
     """Consistency, not validation: the H100 clusters' jitter_cv was derived from Llama 3's 1-2% throughput
     variation at 16,384 GPUs (§3.3.4), so the median slowest of 16,384 must land inside that band."""
@@ -78,6 +107,7 @@ def test_straggler_cost_at_16k_is_llama3s_one_to_two_percent() -> None:
     assert 1.01 <= straggler_factor(cluster, 16_384) <= 1.02
 
 
+@pytest.mark.consistency
 def test_llama3_run_matches_table_5_and_reaches_ninety_percent_effective_training_time() -> None:
     """Validation: the simulated run sees Table 5's interruption rate (466 in 54 days, 419 unexpected + 47
     planned; the cluster's rates come from those counts, so within 10% over ten seeds). Consistency: the preset's

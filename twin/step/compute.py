@@ -70,6 +70,8 @@ class Device:
     """Extra host cost of one op on a tensor-parallel DTensor (s); 0 without tensor parallelism."""
     layer_s: float = 0.0
     """Fixed host cost of one layer for one microbatch, each way (s)."""
+    in_training: float = 1.0
+    """Tensor-core throughput in a training step over the isolated kernel figures (GEMMs and fused attention)."""
 
     @classmethod
     def of(
@@ -111,6 +113,7 @@ class Device:
             attention=tables,
             sharded_s=eff.sharded_kernel_overhead_us * 1e-6 / share if sharded else 0.0,
             layer_s=eff.layer_overhead_us * 1e-6 / share,
+            in_training=eff.in_training_fraction,
         )
 
     # --- GEMMs --------------------------------------------------------------------------------------------------
@@ -123,7 +126,7 @@ class Device:
         flops = 2.0 * m * n * k * batch
         if self.sm_count is None:
             return self.flops_s(flops)
-        compute = flops / (self.gemm_fraction * self.peak_flops * self.wave_efficiency(m, n, batch))
+        compute = flops / (self.gemm_fraction * self.in_training * self.peak_flops * self.wave_efficiency(m, n, batch))
         memory = (m * k + k * n + m * n) * batch * self.operand_bytes / self.memory_Bps
         return max(compute, memory) + self.kernel_s
 
@@ -158,7 +161,7 @@ class Device:
             return 0.0, 0.0
         if not self.attention:
             return self.flops_s(forward_flops), self.flops_s(2.5 * forward_flops)
-        fwd_rate, bwd_rate = _interpolate_tables(self.attention, seq, head_dim)
+        fwd_rate, bwd_rate = (r * self.in_training for r in _interpolate_tables(self.attention, seq, head_dim))
         return forward_flops / fwd_rate + self.kernel_s, 2.5 * forward_flops / bwd_rate + self.kernel_s
 
     def memory_s(self, nbytes: float, kernels: float) -> float:
