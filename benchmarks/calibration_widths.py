@@ -41,7 +41,7 @@ def width_of(path: Path) -> str:
 
 def errors(rows: Sequence[dict[str, Any]]) -> dict[str, float]:
     e = [abs(r["error"]) for r in rows]
-    return {"mean_abs_error": sum(e) / len(e), "worst_abs_error": max(e), "rows": len(e)}
+    return {"mean_abs_error": sum(e) / len(e), "worst_abs_error": max(e), "plans": len(e)}
 
 
 def held_out_rows(
@@ -57,7 +57,7 @@ def held_out_rows(
 
 
 def _cells(s: dict[str, Any]) -> list[str]:
-    return [str(s["rows"]), f"{s['mean_abs_error']:.1%}", f"{s['worst_abs_error']:.1%}"]
+    return [str(s["plans"]), f"{s['mean_abs_error']:.1%}", f"{s['worst_abs_error']:.1%}"]
 
 
 def main(argv: Sequence[str] | None = None) -> None:

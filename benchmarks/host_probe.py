@@ -42,6 +42,41 @@ def gemm_curve() -> dict[str, float]:
     return {f"gemm_fp32_fraction_n{n}_{2 * n**3 / 1e9:.4g}GFLOP": round(r / top, 3) for n, r in rates.items()}
 
 
+def attention_table() -> dict[str, object]:
+    """Causal scaled_dot_product_attention on one thread: forward and backward TFLOP/s by head width and sequence
+    length (causal FLOP count: 2·b·h·s²·d forward, 2.5x that backward), at about 2,048 tokens and 256 wide."""
+    torch.set_num_threads(1)
+    seqs = (64, 128, 256, 512, 1024)
+    tables = []
+    for d in (16, 32, 64):
+        heads, fwd, bwd = max(1, 256 // d), [], []
+        for s in seqs:
+            b = max(1, 2048 // s)
+            q, k, v = (torch.randn(b, heads, s, d, requires_grad=True) for _ in range(3))
+            flops = 2 * b * heads * s * s * d
+            o = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+            grad = torch.ones_like(o)
+            t_f = best_of(
+                lambda q=q, k=k, v=v: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+            )
+            t_b = best_of(lambda o=o, g=grad: o.backward(g, retain_graph=True))
+            fwd.append(round(flops / t_f / 1e12, 4))
+            bwd.append(round(2.5 * flops / t_b / 1e12, 4))
+        tables.append({"head_dim": d, "seq": list(seqs), "forward_tflops": fwd, "backward_tflops": bwd})
+    return {"attention_sdpa": tables}
+
+
+def elementwise_cached() -> dict[str, float]:
+    """A binary element-wise op (two reads, one write) on one thread at sizes that stay in the caches, in GB/s."""
+    torch.set_num_threads(1)
+    out = {}
+    for n in (2**16, 2**17, 2**18, 2**20):
+        x, y = torch.randn(n), torch.randn(n)
+        t = best_of(lambda x=x, y=y: torch.mul(x, y))
+        out[f"elementwise_GBps_{n * 4 // 1024}KiB"] = round(3 * n * 4 / t / 1e9, 1)
+    return out
+
+
 def _gloo_worker(rank: int, world: int, port: int, queue: mp.SimpleQueue) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
@@ -102,6 +137,8 @@ def main() -> None:
     t = best_of(lambda: [torch.add(small, 1.0) for _ in range(reps)], repeats=3)
     out["op_overhead_us"] = round(t / reps * 1e6, 2)
     out.update(gemm_curve())
+    out.update(elementwise_cached())
+    out.update(attention_table())
     out.update(gloo_allreduce())
     out["disk_write_GBps"] = disk_write()
     for key, value in out.items():

@@ -57,6 +57,10 @@ class Accelerator(Sourced):
     """Device memory (1e9 bytes)."""
     hbm_bandwidth_GBps: PositiveFloat
     """Device memory bandwidth (1e9 bytes/s)."""
+    cache_bandwidth_GBps: PositiveFloat | None = None
+    """Bandwidth of an element-wise op whose tensors stay in the on-chip caches, for hosts whose training-sized
+    tensors do (CPU cores: a microbatch's activations fit in L2); a framework's element-wise kernels then run at
+    `elementwise_bandwidth_fraction` of this instead of HBM's (1e9 bytes/s). Unset: HBM."""
     tdp_W: PositiveFloat
     """Board power at full load (watts)."""
 

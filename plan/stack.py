@@ -17,7 +17,15 @@ from __future__ import annotations
 
 from typing import Final, Literal
 
-from pydantic import Field, NonNegativeFloat, NonNegativeInt, PositiveFloat, field_validator, model_validator
+from pydantic import (
+    Field,
+    NonNegativeFloat,
+    NonNegativeInt,
+    PositiveFloat,
+    PositiveInt,
+    field_validator,
+    model_validator,
+)
 
 from plan.section import Section
 
@@ -61,6 +69,12 @@ class Kernel(Section):
     """Tensors read, counted per token (see TENSORS)."""
     writes: dict[str, NonNegativeFloat] = Field(default_factory=dict)
     """Tensors written, counted per token."""
+    traffic: dict[str, NonNegativeFloat] = Field(default_factory=dict)
+    """All the bytes its forward moves, per token, where that is more than its reads and writes: a composite of
+    eager ops also writes and reads back its intermediates (measured with a TorchDispatchMode). Empty: reads +
+    writes. `reads` and `writes` still say what it takes in and what it leaves for the backward (memory)."""
+    kernels: PositiveInt = 1
+    """Kernels (ops) its forward dispatches: one for a fused kernel, several for an eager composite."""
     backward: NonNegativeFloat = 2.0
     """Backward bytes as a multiple of forward bytes (memory-bound kernels only)."""
     backward_kernels: NonNegativeInt = 1
@@ -76,7 +90,7 @@ class Kernel(Section):
         kinds = sum(x is not None for x in (self.gemm, self.attention)) + bool(self.reads or self.writes)
         if kinds != 1:
             raise ValueError(f"{self.name}: give exactly one of gemm, attention, or reads/writes")
-        unknown = sorted((set(self.reads) | set(self.writes)) - set(TENSORS))
+        unknown = sorted((set(self.reads) | set(self.writes) | set(self.traffic)) - set(TENSORS))
         if unknown:
             raise ValueError(f"{self.name}: unknown tensor(s) {unknown}; use {', '.join(TENSORS)}")
         return self
@@ -128,6 +142,9 @@ class Stack(Section):
     fused_optimizer: bool = True
     """The optimizer updates every tensor in a few multi-tensor kernels (apex/TE fused Adam, distributed
     optimizer) rather than several kernels per tensor."""
+    fp32_traffic: PositiveFloat = 2.0
+    """Multiple of the memory-bound kernels' bytes when the plan trains in fp32 rather than 16 bits: 2 where they
+    work in the activation dtype; nearer 1 where they upcast to fp32 under bf16 already (the executor)."""
 
     @field_validator("layer")
     @classmethod

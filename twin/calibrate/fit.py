@@ -98,6 +98,10 @@ KNOBS: tuple[Knob, ...] = (
         log=False,
         exercised=lambda p: p.layout.zero >= 1 and p.layout.dp * p.layout.cp > 1,
     ),
+    # the GEMM curve's half-efficiency size (hosts without an SM count): a microbenchmark of square matmuls says
+    # little about a training step's skinny ones, and one fraction cannot serve models of several widths
+    Knob("compute.gemm_half_gflop", 1e-5, 10.0, start=3e-4),
+    Knob("compute.elementwise_bandwidth_fraction", 0.005, 1.0, start=0.5),
     Knob("compute.gemm_peak_fraction.bf16", 0.01, 1.0, exercised=lambda p: p.training.dtype == "bf16"),
     Knob("compute.gemm_peak_fraction.fp32", 0.01, 1.0, exercised=lambda p: p.training.dtype == "fp32"),
     # stragglers.jitter_cv is measured (the spread of compute time among ranks doing the same work), not fitted

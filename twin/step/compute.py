@@ -40,6 +40,12 @@ ACT_BYTES = 2
 """Activations and element-wise work stay in 16 bits under fp8 training (fp8 applies to GEMM inputs; Micikevicius
 et al. 2022, "FP8 Formats for Deep Learning"; DeepSeek-V3 report §3.3)."""
 
+
+def act_bytes(dtype: str) -> int:
+    """Bytes per activation element: 4 when the plan trains in fp32 (the executor on a CPU), else 2."""
+    return 4 if dtype == "fp32" else ACT_BYTES
+
+
 OPERAND_BYTES = {"fp8": 1, "fp32": 4}
 """Bytes per GEMM operand element by matmul dtype (2 otherwise)."""
 
@@ -95,7 +101,9 @@ class Device:
         share = min(1.0, cluster.node.cpu_cores / max(1, ranks_per_node)) if cpu_share else 1.0
         memory = acc.hbm_bandwidth_GBps * 1e9 * eff.memory_bandwidth_fraction
         elementwise = (
-            acc.hbm_bandwidth_GBps * 1e9 * (eff.elementwise_bandwidth_fraction or eff.memory_bandwidth_fraction)
+            (acc.cache_bandwidth_GBps or acc.hbm_bandwidth_GBps)
+            * 1e9
+            * (eff.elementwise_bandwidth_fraction or eff.memory_bandwidth_fraction)
         )
         if cpu_share:
             memory /= max(1, ranks_per_node)

@@ -11,7 +11,7 @@ from plan.rank_grid import RankGrid
 from plan.schema import Plan
 from plan.stack import Stack
 from twin.step.collectives import InNetwork, collective_time
-from twin.step.compute import Device
+from twin.step.compute import Device, act_bytes
 from twin.step.fabric import Fabric, GroupSpan
 from twin.step.kernels import Shape
 
@@ -122,4 +122,5 @@ def shape_of(ctx: StepContext) -> Shape:
         microbatch=lay.microbatch_size,
         seq_kv=m.seq_len,
         experts_local=max(1, m.experts // lay.ep) if m.is_moe else 1,
+        act_bytes=act_bytes(ctx.plan.training.dtype),
     )

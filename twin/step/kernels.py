@@ -39,6 +39,8 @@ class Shape:
     """Keys each query attends over: the whole sequence (context parallelism gathers or rings it)."""
     experts_local: int = 1
     """Routed experts a rank holds: experts / ep."""
+    act_bytes: int = ACT_BYTES
+    """Bytes per activation element (4 for fp32 training, twin.step.compute.act_bytes)."""
 
 
 @dataclass(frozen=True)
@@ -140,9 +142,8 @@ def layer_cost(m: ModelSpec, shape: Shape, device: Device, stack: Stack, moe: bo
         elif kernel.attention:
             attention_fwd += _attention(m, shape, device, kernel, fwd, other)
         else:
-            tensors = [*kernel.reads.items(), *kernel.writes.items()]
-            nbytes = sum(n * sizes[name] for name, n in tensors) * shape.tokens * ACT_BYTES
-            fwd.add(device.elementwise_s(nbytes, 1))
+            nbytes = kernel_bytes(kernel, sizes, shape, stack)
+            fwd.add(device.elementwise_s(nbytes, kernel.kernels), 0.0, kernel.kernels)
             other.add(
                 device.elementwise_s(kernel.backward * nbytes, kernel.backward_kernels), 0.0, kernel.backward_kernels
             )
@@ -164,6 +165,14 @@ def layer_cost(m: ModelSpec, shape: Shape, device: Device, stack: Stack, moe: bo
         forward_gemm_s=fwd_gemm,
         kernels=(fwd.kernels, dgrad.kernels + wgrad.kernels + other.kernels),
     )
+
+
+def kernel_bytes(kernel: Kernel, sizes: dict[str, float], shape: Shape, stack: Stack) -> float:
+    """Bytes a memory-bound kernel's forward moves for one microbatch: its traffic (or reads and writes) in the
+    16-bit activation dtype, times the stack's fp32 multiple when the plan trains in fp32."""
+    moved = [kernel.traffic] if kernel.traffic else [kernel.reads, kernel.writes]
+    units = sum(n * sizes[name] for tensors in moved for name, n in tensors.items())
+    return units * shape.tokens * ACT_BYTES * (stack.fp32_traffic if shape.act_bytes == 4 else 1.0)
 
 
 def _batched(device: Device, m: float, n: float, k: float, batch: float, dtensor_ops: float) -> float:
@@ -211,10 +220,10 @@ def head_cost(m: ModelSpec, shape: Shape, device: Device, stack: Stack) -> PassC
     loss_fwd = loss_bwd = 0.0
     kernels = [1, 2]
     for k in stack.head_kernels:
-        nbytes = sum(n * sizes[x] for x, n in (*k.reads.items(), *k.writes.items())) * tokens * ACT_BYTES
-        loss_fwd += device.elementwise_s(nbytes, 1)
+        nbytes = kernel_bytes(k, sizes, shape, stack)
+        loss_fwd += device.elementwise_s(nbytes, k.kernels)
         loss_bwd += device.elementwise_s(k.backward * nbytes, k.backward_kernels)
-        kernels = [kernels[0] + 1, kernels[1] + k.backward_kernels]
+        kernels = [kernels[0] + k.kernels, kernels[1] + k.backward_kernels]
     gemm = 2.0 * tokens * h * v
     return PassCost(
         forward_s=fwd + loss_fwd,
@@ -232,7 +241,7 @@ def head_cost(m: ModelSpec, shape: Shape, device: Device, stack: Stack) -> PassC
 
 def embedding_cost(m: ModelSpec, shape: Shape, device: Device) -> PassCost:
     """The input embedding on the first stage: a gather forward, a scatter-add of gradients backward."""
-    nbytes = shape.tokens * m.hidden * ACT_BYTES
+    nbytes = shape.tokens * m.hidden * shape.act_bytes
     return PassCost(
         device.elementwise_s(2 * nbytes, 1),
         0.0,

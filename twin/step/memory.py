@@ -21,7 +21,7 @@ from plan.cluster import Cluster
 from plan.model_math import attention_params, mlp_params
 from plan.schema import Plan
 from plan.stack import Stack
-from twin.step.compute import ACT_BYTES
+from twin.step.compute import ACT_BYTES, act_bytes
 from twin.step.kernels import Shape, tensor_sizes
 from twin.step.schedules import stage_rank
 
@@ -115,7 +115,7 @@ def activation_bytes(plan: Plan, stack: Stack, moe: bool) -> tuple[float, float]
     shape = Shape(lay.microbatch_size * m.seq_len // lay.cp, lay.tp, lay.sequence_parallel, seq_kv=m.seq_len)
     sizes = tensor_sizes(m, shape, moe)
     if lay.recompute == "full":
-        return shape.tokens * sizes["h_sp"] * ACT_BYTES, 1.0
+        return shape.tokens * sizes["h_sp"] * act_bytes(plan.training.dtype), 1.0
     selective = lay.recompute == "selective"
     kept = sum(
         n * sizes[t]
@@ -135,7 +135,7 @@ def activation_bytes(plan: Plan, stack: Stack, moe: bool) -> tuple[float, float]
     weight_inputs = 2 * sizes["h_sp"] + sizes["ctx"] + sizes["ffn"]
     share = min(1.0, weight_inputs / kept) if kept else 0.0
     # fp8 training caches the inputs of its fp8 GEMMs in fp8 (DeepSeek-V3 report §3.3.3)
-    per_element = ACT_BYTES * (1 - share / 2) if plan.training.dtype == "fp8" else ACT_BYTES
+    per_element = ACT_BYTES * (1 - share / 2) if plan.training.dtype == "fp8" else act_bytes(plan.training.dtype)
     return kept * shape.tokens * per_element, share
 
 
