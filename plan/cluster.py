@@ -12,7 +12,7 @@ from typing import Final, Literal
 
 from pydantic import Field, NonNegativeFloat, PositiveFloat, PositiveInt, field_validator, model_validator
 
-from plan.section import Section
+from plan.section import UserSection
 
 CLUSTER_SCHEMA_VERSION: Final = 1
 
@@ -34,7 +34,7 @@ FAILURE_COMPONENTS = (
 PEAK_DTYPES = ("fp64", "fp32", "tf32", "bf16", "fp16", "fp8")
 
 
-class Sourced(Section):
+class Sourced(UserSection):
     """A section whose numbers all come from the cited `source`."""
 
     source: str = Field(min_length=8)
@@ -251,7 +251,7 @@ class Economics(Sourced):
     """Power usage effectiveness of the data centre (facility power / IT power)."""
 
 
-class FittedParameter(Section):
+class FittedParameter(UserSection):
     """One cluster field that `twin calibrate` fitted to measured runs."""
 
     path: str
@@ -264,7 +264,7 @@ class FittedParameter(Section):
     """One standard deviation of the fitted value, from the fit's Jacobian (the field's unit)."""
 
 
-class Calibration(Section):
+class Calibration(UserSection):
     """Where a calibrated profile came from: the base profile, the runs it was fitted to, and how well."""
 
     base: str
@@ -281,7 +281,7 @@ class Calibration(Section):
     """Run-to-run spread of measured step times: relative standard deviation over repeats and steps."""
 
 
-class Cluster(Section):
+class Cluster(UserSection):
     """A whole cluster: `nodes` identical servers on one fabric."""
 
     schema_version: Literal[1] = CLUSTER_SCHEMA_VERSION

@@ -20,7 +20,7 @@ from typing import Any, Final, Literal
 from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, field_validator, model_validator
 
 from plan.reliability import Reliability
-from plan.section import Section
+from plan.section import UserSection
 
 SCHEMA_VERSION: Final = 1
 
@@ -44,7 +44,7 @@ VIRTUAL_STAGE_RULES: dict[str, str] = {
 RANK_AXES = ("tp", "cp", "dp", "pp")
 
 
-class ModelSpec(Section):
+class ModelSpec(UserSection):
     """A decoder-only transformer, dense or mixture-of-experts."""
 
     name: str = "custom"
@@ -118,7 +118,7 @@ class ModelSpec(Section):
         return self.layers - self.dense_layers if self.is_moe else 0
 
 
-class Layout(Section):
+class Layout(UserSection):
     """How the model is laid out over ranks, and the pipeline schedule it runs."""
 
     dp: PositiveInt = 1
@@ -194,7 +194,7 @@ class Layout(Section):
         return tuple(self.rank_order.split("-"))
 
 
-class Training(Section):
+class Training(UserSection):
     """The optimisation: batch, length of the run, numerics and optimizer."""
 
     global_batch: PositiveInt
@@ -226,7 +226,7 @@ class Training(Section):
         return self.grad_reduce_dtype or ("fp32" if self.dtype == "fp32" else "bf16")
 
 
-class ClusterRef(Section):
+class ClusterRef(UserSection):
     """The cluster a plan runs on: a catalogue name or a file, and what-if changes to its fields."""
 
     name: str
@@ -241,7 +241,7 @@ class ClusterRef(Section):
         return f"{self.name} ({', '.join(f'{k}={v}' for k, v in self.overrides.items())})"
 
 
-class Plan(Section):
+class Plan(UserSection):
     """A whole plan: what model, on which cluster, laid out how, trained how long, recovered how."""
 
     schema_version: Literal[1] = SCHEMA_VERSION
@@ -255,12 +255,13 @@ class Plan(Section):
     cluster: ClusterRef
     """The cluster: a name in topologies/ (without .yaml), a path to a cluster file, or a mapping of `name` and
     what-if `overrides`."""
-    layout: Layout = Layout()
-    """Parallel layout and pipeline schedule."""
+    layout: Layout
+    """Parallel layout and pipeline schedule (required: without it a plan would silently run on one GPU)."""
     training: Training
     """Batch, tokens, dtype and optimizer."""
     reliability: Reliability = Reliability()
-    """Checkpoint and recovery policy."""
+    """Checkpoint and recovery policy (optional: every field has a default, e.g. async checkpoints at the
+    Young/Daly interval, no spares)."""
 
     @field_validator("cluster", mode="before")
     @classmethod
