@@ -31,7 +31,7 @@ class Limits:
     step_actions: int = 50_000
     """Pipeline actions one command simulates: pp · virtual_stages · microbatches · passes (F, B and, for the
     zero-bubble schedules, W) per simulated step; the presets need at most 11,520."""
-    run_interruptions: int = 100_000
+    run_interruptions: int = 50_000
     """Failures, slow nodes and maintenance one simulated run may draw (reference-100k draws about 4,300)."""
     run_checkpoints: int = 2_000_000
     """Checkpoints one simulated run may take (the presets take at most about 55,000)."""

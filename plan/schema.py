@@ -199,8 +199,8 @@ class Training(UserSection):
 
     global_batch: PositiveInt
     """Sequences per optimizer step, over all replicas (sequences)."""
-    tokens: PositiveFloat
-    """Tokens to train in the whole run (tokens)."""
+    tokens: float = Field(ge=1)
+    """Tokens to train in the whole run (tokens; at least 1)."""
     dtype: Dtype = "bf16"
     """Compute dtype of matmuls and collectives: bf16, fp8 with bf16 master weights, or fp32 (no mixed precision:
     what the executor runs on CPUs)."""
