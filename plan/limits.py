@@ -70,12 +70,12 @@ def over(what: str, count: float, limit_name: str, limits: Limits, fix: str) -> 
     limit = getattr(limits, limit_name)
     shown = f"{count:,.0f}" if count < 1e15 else f"{count:.3g}"
     raise_it = (
-        f"or raise the limit with --limit {limit_name}={_round_up(count)}"
+        f", or raise the limit with --limit {limit_name}={_round_up(count)}"
         if count <= 1e6 * limit
-        else f"a million times past the limit, so raising it (--limit {limit_name}=N) would not help"
+        else f" (over a million times the limit: raising it with --limit {limit_name}=N would not help)"
     )
     name = limit_name.replace("_", " ")
-    return PlanError(f"{what}: {shown} is past the limit of {limit:,} {name}; {fix}, {raise_it}")
+    return PlanError(f"{what}: {shown} is past the limit of {limit:,} {name}; {fix}{raise_it}")
 
 
 def _round_up(count: float) -> int:

@@ -108,7 +108,10 @@ def check_run(setup: RunSetup, limits: Limits) -> Outlook:
     tau, delta = setup.interval_s, setup.ckpt.stall_s
     ideal = f"{setup.useful_s / 86400:,.4g} ideal days"
     if ahead.goodput < MIN_GOODPUT:
-        stretch = f"expected goodput {_percent(ahead.goodput)} (Daly's model), over {1 / MIN_GOODPUT:.0f}× its {ideal}"
+        stretch = (
+            f"expected goodput {_percent(ahead.goodput)} (Daly's model): about {1 / max(ahead.goodput, 1e-300):,.2g}× "
+            f"its {ideal}"
+        )
         if delta / tau > 1 / MIN_GOODPUT - 1:
             raise PlanError(
                 f"{plan.name}: checkpoints outpace progress: each stalls training {duration(delta)} but they come "
