@@ -21,12 +21,12 @@ import numpy as np
 import torch
 from pydantic import NonNegativeInt
 
+from plan.cache import default_corpus
 from plan.records import DataVersion
 from plan.section import Section
 
 BYTE_VOCAB: Final = 256
 SHARD_TOKENS: Final = 1 << 20  # 1 Mi tokens (2 MiB) per shard keeps each file small and memory-mapped cheaply
-DEFAULT_CORPUS: Final = Path("runs") / "corpus" / "synthetic-bytes-v1"
 
 
 class DataError(ValueError):
@@ -166,8 +166,9 @@ class Sampler:
 
 
 def open_corpus(path: Path | None, seq_len: int, vocab: int, build: bool = True) -> TokenCorpus:
-    """Open the corpus at `path` (default: the synthetic byte corpus, built on first use)."""
-    path = path or DEFAULT_CORPUS
+    """Open the corpus at `path` (default: the synthetic byte corpus in the user's cache, plan/cache.py, built on
+    first use)."""
+    path = path or default_corpus()
     if not (path / "index.json").exists():
         if not build:
             raise DataError(f"{path}: no corpus here; pass --data with a corpus directory or omit it")

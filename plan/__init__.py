@@ -1,6 +1,7 @@
 """The shared plan format: schema, presets, rank grid and run records. Imports nothing of twin/ or executor/."""
 
 from plan.cluster import Cluster
+from plan.limits import Limits
 from plan.loader import PlanError, load, load_cluster, plan_cluster
 from plan.model_math import model_flops_per_token, param_count
 from plan.rank_grid import RankGrid
@@ -10,6 +11,7 @@ from plan.schema import Layout, ModelSpec, Plan, Training
 __all__ = [
     "Cluster",
     "Layout",
+    "Limits",
     "ModelSpec",
     "Plan",
     "PlanError",

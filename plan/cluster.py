@@ -12,7 +12,7 @@ from typing import Final, Literal
 
 from pydantic import Field, NonNegativeFloat, PositiveFloat, PositiveInt, field_validator, model_validator
 
-from plan.section import Section
+from plan.section import UserSection
 
 CLUSTER_SCHEMA_VERSION: Final = 1
 
@@ -34,7 +34,7 @@ FAILURE_COMPONENTS = (
 PEAK_DTYPES = ("fp64", "fp32", "tf32", "bf16", "fp16", "fp8")
 
 
-class Sourced(Section):
+class Sourced(UserSection):
     """A section whose numbers all come from the cited `source`."""
 
     source: str = Field(min_length=8)
@@ -75,7 +75,7 @@ class Accelerator(Sourced):
         return v
 
 
-class AttentionTable(Section):
+class AttentionTable(UserSection):
     """A fused attention kernel's measured throughput by sequence length at one head width, causal, in the
     flash-attention benchmark's convention: forward 4·b·s²·heads·head_dim / 2 FLOPs, backward 2.5 times that."""
 
@@ -296,7 +296,7 @@ class Economics(Sourced):
     """Power usage effectiveness of the data centre (facility power / IT power)."""
 
 
-class FittedParameter(Section):
+class FittedParameter(UserSection):
     """One cluster field that `twin calibrate` fitted to measured runs."""
 
     path: str
@@ -309,7 +309,7 @@ class FittedParameter(Section):
     """One standard deviation of the fitted value, from the fit's Jacobian (the field's unit)."""
 
 
-class Calibration(Section):
+class Calibration(UserSection):
     """Where a calibrated profile came from: the base profile, the runs it was fitted to, and how well."""
 
     base: str
@@ -326,7 +326,7 @@ class Calibration(Section):
     """Run-to-run spread of measured step times: relative standard deviation over repeats and steps."""
 
 
-class AcceleratorFile(Section):
+class AcceleratorFile(UserSection):
     """An accelerator of the catalogue (topologies/accelerators/NAME.yaml): the chip and its kernel-level
     efficiencies, which cluster files name instead of repeating them."""
 
@@ -336,7 +336,7 @@ class AcceleratorFile(Section):
     compute: ComputeEfficiency
 
 
-class Cluster(Section):
+class Cluster(UserSection):
     """A whole cluster: `nodes` identical servers on one fabric."""
 
     schema_version: Literal[1] = CLUSTER_SCHEMA_VERSION

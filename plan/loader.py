@@ -16,6 +16,7 @@ from pydantic import ValidationError
 from plan.cluster import FAILURE_COMPONENTS, Cluster
 from plan.clusters import TOPOLOGY_DIR, cluster_names, load_cluster, resolve_cluster_path
 from plan.files import PlanError, format_validation_error, parse_override, read_yaml
+from plan.limits import DEFAULT_LIMITS, Limits
 from plan.refs import DEFAULT_STACK as DEFAULT_STACK_NAME
 from plan.schema import Plan
 from plan.stack import Stack
@@ -53,7 +54,7 @@ def plan_presets() -> list[str]:
     return _preset_names("plans")
 
 
-def apply_overrides(data: dict[str, Any], overrides: Iterable[str]) -> dict[str, Any]:
+def apply_overrides(data: dict[str, Any], overrides: Iterable[str], limits: Limits = DEFAULT_LIMITS) -> dict[str, Any]:
     """Return a copy of `data` with each `section.field=value` set; intermediate sections are created.
 
     `cluster.FIELD.PATH=value` (anything under `cluster` but its `name`) is a what-if on the cluster: it joins
@@ -61,7 +62,7 @@ def apply_overrides(data: dict[str, Any], overrides: Iterable[str]) -> dict[str,
     for `stack`."""
     out = json.loads(json.dumps(data, default=str))
     for item in overrides:
-        path, value = parse_override(item)
+        path, value = parse_override(item, limits)
         if path[0] in ("cluster", "stack"):
             out[path[0]] = _ref_override(out.get(path[0]), path[1:], value)
             continue
@@ -108,18 +109,20 @@ def resolve_plan_source(source: str | Path) -> Path:
     raise PlanError(f"{source}: neither a plan file nor a preset; presets are {', '.join(plan_presets())}")
 
 
-def plan_data(source: str | Path, overrides: Iterable[str] = ()) -> tuple[dict[str, Any], Path]:
+def plan_data(
+    source: str | Path, overrides: Iterable[str] = (), limits: Limits = DEFAULT_LIMITS
+) -> tuple[dict[str, Any], Path]:
     """The raw plan mapping with its model preset expanded and overrides applied, and the file it came from."""
     path = resolve_plan_source(source)
-    data = read_yaml(path)
+    data = read_yaml(path, limits)
     rest = []
     for item in overrides:  # `--set model=llama3-8b` swaps the whole architecture for a preset
-        parts, value = parse_override(item)
+        parts, value = parse_override(item, limits)
         if parts == ["model"] and isinstance(value, str):
             data["model"] = value
         else:
             rest.append(item)
-    return apply_overrides(expand_model(data, describe_origin(path)), rest), path
+    return apply_overrides(expand_model(data, describe_origin(path)), rest, limits), path
 
 
 def expand_model(data: dict[str, Any], origin: str) -> dict[str, Any]:
@@ -154,9 +157,10 @@ def validate_plan(data: Mapping[str, Any], origin: str = "plan", relative_to: Pa
     return plan
 
 
-def load(source: str | Path, overrides: Iterable[str] = ()) -> Plan:
-    """Load a plan from a YAML path or preset name, apply `section.field=value` overrides, and validate it."""
-    data, path = plan_data(source, overrides)
+def load(source: str | Path, overrides: Iterable[str] = (), limits: Limits = DEFAULT_LIMITS) -> Plan:
+    """Load a plan from a YAML path or preset name, apply `section.field=value` overrides, and validate it; the
+    file and the override values are read within `limits`."""
+    data, path = plan_data(source, overrides, limits)
     return validate_plan(data, describe_origin(path), path)
 
 

@@ -7,10 +7,10 @@ from typing import Any
 
 from pydantic import Field
 
-from plan.section import Section
+from plan.section import UserSection
 
 
-class Ref(Section):
+class Ref(UserSection):
     """A file the plan names — a catalogue entry or a path — and what-if changes to its fields."""
 
     name: str

@@ -7,14 +7,14 @@ from typing import Any, Final, Literal, get_args
 
 from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, field_validator, model_validator
 
-from plan.section import Section
+from plan.section import UserSection
 
 CheckpointKind = Literal["sync", "async", "in-memory"]
 FaultKind = Literal["crash", "hang", "slow", "bitflip", "ckpt-crash", "disk-full"]
 FAULT_KINDS: Final = get_args(FaultKind)
 
 
-class FaultSpec(Section):
+class FaultSpec(UserSection):
     """A fault the executor injects into its own run, once (written `KIND@STEP[:RANK]`)."""
 
     kind: FaultKind
@@ -39,13 +39,13 @@ class FaultSpec(Section):
             raise ValueError(f"fault {text!r}: unknown kind {kind!r}; use one of {', '.join(FAULT_KINDS)}")
         if not at or not step.isdigit() or (rank and not rank.isdigit()):
             raise ValueError(f"fault {text!r}: write KIND@STEP[:RANK] with whole numbers, e.g. {kind}@5:1")
-        return cls(kind=kind, step=int(step), rank=int(rank or 0))
+        return cls.model_validate({"kind": kind, "step": int(step), "rank": int(rank or 0)})
 
     def label(self) -> str:
         return f"{self.kind}@{self.step}:{self.rank}"
 
 
-class Reliability(Section):
+class Reliability(UserSection):
     """The recovery policy: checkpoints, spares, restart; optional overrides of the cluster's failure rates."""
 
     checkpoint: CheckpointKind = "async"

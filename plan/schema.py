@@ -21,7 +21,7 @@ from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, field_va
 
 from plan.refs import ClusterRef, StackRef
 from plan.reliability import Reliability
-from plan.section import Section
+from plan.section import UserSection
 
 SCHEMA_VERSION: Final = 1
 
@@ -45,7 +45,7 @@ VIRTUAL_STAGE_RULES: dict[str, str] = {
 RANK_AXES = ("tp", "cp", "dp", "pp")
 
 
-class ModelSpec(Section):
+class ModelSpec(UserSection):
     """A decoder-only transformer, dense or mixture-of-experts."""
 
     name: str = "custom"
@@ -119,7 +119,7 @@ class ModelSpec(Section):
         return self.layers - self.dense_layers if self.is_moe else 0
 
 
-class Layout(Section):
+class Layout(UserSection):
     """How the model is laid out over ranks, and the pipeline schedule it runs."""
 
     dp: PositiveInt = 1
@@ -201,13 +201,13 @@ class Layout(Section):
         return tuple(self.rank_order.split("-"))
 
 
-class Training(Section):
+class Training(UserSection):
     """The optimisation: batch, length of the run, numerics and optimizer."""
 
     global_batch: PositiveInt
     """Sequences per optimizer step, over all replicas (sequences)."""
-    tokens: PositiveFloat
-    """Tokens to train in the whole run (tokens)."""
+    tokens: float = Field(ge=1)
+    """Tokens to train in the whole run (tokens; at least 1)."""
     dtype: Dtype = "bf16"
     """Compute dtype of matmuls and collectives: bf16, fp8 with bf16 master weights, or fp32 (no mixed precision:
     what the executor runs on CPUs)."""
@@ -233,7 +233,7 @@ class Training(Section):
         return self.grad_reduce_dtype or ("fp32" if self.dtype == "fp32" else "bf16")
 
 
-class Plan(Section):
+class Plan(UserSection):
     """A whole plan: what model, on which cluster, laid out how, trained how long, recovered how."""
 
     schema_version: Literal[1] = SCHEMA_VERSION
@@ -249,12 +249,13 @@ class Plan(Section):
     what-if `overrides`."""
     stack: StackRef = StackRef()
     """The software stack: a name in plan/presets/stacks/, a path, or a mapping of `name` and `overrides`."""
-    layout: Layout = Layout()
-    """Parallel layout and pipeline schedule."""
+    layout: Layout
+    """Parallel layout and pipeline schedule (required: without it a plan would silently run on one GPU)."""
     training: Training
     """Batch, tokens, dtype and optimizer."""
     reliability: Reliability = Reliability()
-    """Checkpoint and recovery policy."""
+    """Checkpoint and recovery policy (optional: every field has a default, e.g. async checkpoints at the
+    Young/Daly interval, no spares)."""
 
     @field_validator("cluster", "stack", mode="before")
     @classmethod

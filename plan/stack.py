@@ -27,7 +27,7 @@ from pydantic import (
     model_validator,
 )
 
-from plan.section import Section
+from plan.section import UserSection
 
 STACK_SCHEMA_VERSION: Final = 1
 
@@ -55,7 +55,7 @@ TpOverlap = Literal["none", "backward", "userbuffers"]
 DpOverlap = Literal["none", "grad", "grad+param"]
 
 
-class Kernel(Section):
+class Kernel(UserSection):
     """One kernel of a layer's forward."""
 
     name: str
@@ -96,7 +96,7 @@ class Kernel(Section):
         return self
 
 
-class Stack(Section):
+class Stack(UserSection):
     """A training framework as it ran: its kernels per layer, what it overlaps, its numerics."""
 
     schema_version: Literal[1] = STACK_SCHEMA_VERSION

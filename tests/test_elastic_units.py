@@ -97,7 +97,7 @@ def test_summary_counts_distinct_steps_and_restarts_separately(tmp_path: Path) -
     assert (summary["steps"], summary["restarts"], summary["steps_replayed"]) == (12, 1, 1)
     assert summary["world_sizes"] == [8, 4] and summary["loss"] == pytest.approx(3.9)
     line = summary_line(summary, loader.load("cpu-tiny"), tmp_path)
-    assert "done[/]: 12 steps of cpu-tiny on 8 → 4 ranks" in line and "1 restart, 1 step(s) replayed" in line
+    assert "done: 12 steps of cpu-tiny on 8 → 4 ranks" in line and "1 restart, 1 step(s) replayed" in line
 
 
 def test_restart_timer_names_both_gangs_and_times_failure_to_first_step(tmp_path: Path) -> None:

@@ -24,10 +24,6 @@ GOLDEN = Path(__file__).parent / "golden"
 REL_TOL = 1e-9
 RUN_SEED = 0
 
-# Runs that the whole-run model cannot finish in bounded time on main yet (issue 14): the deepseek-v3-2k preset
-# has no spare node on a cluster exactly its size, so it waits out 48-hour repairs at about one failure a day.
-UNBOUNDED_RUNS = {"deepseek-v3-2k"}
-
 
 def predict_summary(name: str) -> dict[str, Any]:
     out = predict(loader.load(name)).to_json()
@@ -77,7 +73,7 @@ def test_prediction_matches_golden(name: str) -> None:
     check("predict", name, predict_summary(name))
 
 
-@pytest.mark.parametrize("name", sorted(set(loader.plan_presets()) - UNBOUNDED_RUNS))
+@pytest.mark.parametrize("name", loader.plan_presets())
 def test_seeded_run_matches_golden(name: str) -> None:
     check("run", name, run_summary(name))
 
@@ -94,8 +90,6 @@ def test_compare_reports_what_moved() -> None:
 def write_all() -> None:
     for name in loader.plan_presets():
         for kind, summary in (("predict", predict_summary), ("run", run_summary)):
-            if kind == "run" and name in UNBOUNDED_RUNS:
-                continue
             path = golden_file(kind, name)
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(json.dumps(summary(name), indent=1, sort_keys=True, default=float) + "\n")

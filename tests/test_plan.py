@@ -78,7 +78,9 @@ def test_cluster_path_relative_to_plan_file(tmp_path: Path) -> None:
     (tmp_path / "clusters").mkdir()
     (tmp_path / "clusters" / "my-box.yaml").write_text(yaml.safe_dump(cluster))
     plan_file = tmp_path / "plan.yaml"
-    plan_file.write_text("cluster: clusters/my-box.yaml\nmodel: tiny\ntraining: {global_batch: 8, tokens: 1e5}\n")
+    plan_file.write_text(
+        "cluster: clusters/my-box.yaml\nmodel: tiny\nlayout: {dp: 1}\ntraining: {global_batch: 8, tokens: 1e5}\n"
+    )
     plan = loader.load(plan_file)
     assert Path(plan.cluster.name).is_absolute() and loader.plan_cluster(plan).name == "my-box"
 

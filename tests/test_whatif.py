@@ -66,7 +66,7 @@ def test_half_the_failure_rate_halves_every_cause() -> None:
 def test_a_plan_file_names_a_cluster_with_overrides(tmp_path: Path) -> None:
     path = tmp_path / "plan.yaml"
     path.write_text(
-        "model: tiny\ntraining: {global_batch: 8, tokens: 1e5}\n"
+        "model: tiny\nlayout: {dp: 1}\ntraining: {global_batch: 8, tokens: 1e5}\n"
         "cluster:\n  name: dgx-h100-superpod\n  overrides: {nodes: 4, node.intra.latency_us: 1.5}\n"
     )
     plan = loader.load(path, ["cluster.fabric.tiers.leaf.latency_us=9"])  # --set adds to the file's what-ifs

@@ -13,13 +13,18 @@ users' own scripts all go through.
 
 A plan argument is anything `load_plan` takes: a Plan, a preset name, a YAML path or a mapping. Bad input raises
 `plan.PlanError` with one line naming the field and the fix; nothing here prints.
+
+Every call ends in bounded time: `limits` (plan/limits.py) caps what it reads and simulates, and past a cap it
+raises PlanError naming the cap and how to raise it. A plan that does not fit in memory is refused by `validate`
+and the whole-run calls unless `allow_oom=True`; `predict` reports it (`fits`, `memory`).
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence, Sized
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -30,14 +35,20 @@ import yaml
 from plan import loader
 from plan.cluster import Cluster
 from plan.clusters import WhatIf, load_cluster_what_if
+from plan.limits import DEFAULT_LIMITS, Limits
 from plan.loader import PlanError
 from plan.model_math import model_flops_per_token, param_count
 from plan.schema import Plan
-from twin.cli.launch import DEFAULT_TIMEOUT_S, Launch, launch
+from twin import fit
+from twin.budget import check_step, run_step_actions
+from twin.cli.launch import DEFAULT_TIMEOUT_S, Launch, launch, parse_nnodes
+from twin.outputs import output_dir
 from twin.run import summary as run_summary
 from twin.run.reliability import daly_interval_s
 from twin.run.summary import RunPrediction, Sweep
+from twin.run.summary import check_seed as check_seed
 from twin.step.fabric import Fabric
+from twin.step.memory import MemoryBreakdown
 from twin.step.predict import PredictOptions, StepPrediction
 from twin.step.predict import predict as _predict
 
@@ -51,7 +62,7 @@ PlanLike = Plan | str | Path | Mapping[str, Any]
 DEFAULT_EXECUTE_TIMEOUT_S = DEFAULT_TIMEOUT_S
 
 
-def load_plan(source: PlanLike, overrides: Iterable[str] = ()) -> Plan:
+def load_plan(source: PlanLike, overrides: Iterable[str] = (), limits: Limits = DEFAULT_LIMITS) -> Plan:
     """A validated plan from a preset name, YAML path, mapping or Plan, with `section.field=value` overrides."""
     overrides = list(overrides)
     if isinstance(source, Plan):
@@ -59,9 +70,11 @@ def load_plan(source: PlanLike, overrides: Iterable[str] = ()) -> Plan:
             return source
         source = source.model_dump(mode="json")
     if isinstance(source, Mapping):
-        data = loader.apply_overrides(loader.expand_model(dict(source), "plan"), overrides)
+        data = loader.apply_overrides(loader.expand_model(dict(source), "plan"), overrides, limits)
         return loader.validate_plan(data, "plan")
-    return loader.load(source, overrides)
+    if not isinstance(source, str | Path):
+        raise PlanError(f"plan: expected a Plan, a preset name, a path or a mapping, got {type(source).__name__}")
+    return loader.load(source, overrides, limits)
 
 
 def cluster_of(plan: PlanLike) -> Cluster:
@@ -85,14 +98,18 @@ def load_cluster(name: str, overrides: Mapping[str, Any] | Iterable[str] = ()) -
     return load_cluster_what_if(name, overrides)[0]
 
 
-def facts(plan: PlanLike, fabric: bool = False) -> dict[str, Any]:
+def facts(plan: PlanLike, fabric: bool = False, limits: Limits = DEFAULT_LIMITS) -> dict[str, Any]:
     """What follows from a plan and its cluster: sizes a user checks before running it. With `fabric`, also the
-    cluster's bisection bandwidth (a max-flow over its switch tiers; up to a few hundred ms on large fabrics)."""
-    p = load_plan(plan)
+    cluster's bisection bandwidth (a max-flow over its switch tiers, about 4 µs per node: None for a cluster past
+    `limits.bisection_nodes`)."""
+    p = load_plan(plan, limits=limits)
     cluster = loader.plan_cluster(p)
     params = param_count(p.model)
     world = p.layout.world_size
-    extra = {"bisection_TBps": Fabric(cluster).bisection_Bps() / 1e12} if fabric else {}
+    extra: dict[str, Any] = {}
+    if fabric:
+        small = cluster.nodes <= limits.bisection_nodes
+        extra["bisection_TBps"] = Fabric(cluster).bisection_Bps() / 1e12 if small else None
     return {
         **extra,
         "world_size": world,
@@ -109,6 +126,20 @@ def facts(plan: PlanLike, fabric: bool = False) -> dict[str, Any]:
     }
 
 
+def memory(plan: PlanLike, limits: Limits = DEFAULT_LIMITS) -> MemoryBreakdown:
+    """Memory of the plan's fullest pipeline rank (what `predict` reports), without simulating the step."""
+    p = load_plan(plan, limits=limits)
+    check_step(p, limits)
+    return fit.memory(p)
+
+
+def check_fit(plan: PlanLike, limits: Limits = DEFAULT_LIMITS) -> MemoryBreakdown:
+    """The plan's memory if it fits; PlanError otherwise, saying by how much it is over and what would fix it."""
+    p = load_plan(plan, limits=limits)
+    check_step(p, limits)
+    return fit.check_fit(p)
+
+
 @dataclass(frozen=True)
 class Validation:
     """Whether a plan can be used, and if not why."""
@@ -121,25 +152,57 @@ class Validation:
     """What follows from the plan (see `facts`); empty when it does not load."""
 
 
-def validate(source: PlanLike, overrides: Iterable[str] = ()) -> Validation:
-    """Check a plan (schema, layout against model, fit on its cluster) without raising."""
+def validate(
+    source: PlanLike, overrides: Iterable[str] = (), limits: Limits = DEFAULT_LIMITS, allow_oom: bool = False
+) -> Validation:
+    """Check a plan without raising: schema, layout against model, size on its cluster, that the twin can simulate
+    it within `limits`, and that it fits in memory (unless `allow_oom`; facts then hold the memory either way)."""
     try:
-        plan = load_plan(source, overrides)
+        plan = load_plan(source, overrides, limits)
+        check_step(plan, limits)
+        mem = fit.memory(plan)
     except PlanError as exc:
         return Validation(False, None, (str(exc),), {})
-    return Validation(True, plan, (), facts(plan))
+    memory_facts = {"memory_peak_GiB": mem.peak, "memory_capacity_GiB": mem.capacity, "fits": mem.fits}
+    found = {**facts(plan, limits=limits), **memory_facts}
+    if not mem.fits and not allow_oom:
+        return Validation(False, plan, (fit.oom_message(plan, loader.plan_cluster(plan), mem),), found)
+    return Validation(True, plan, (), found)
 
 
-def predict(plan: PlanLike, options: PredictOptions | None = None, cluster: Cluster | None = None) -> StepPrediction:
-    """One optimizer step of `plan`, simulated: time, breakdown, memory, MFU, days to train.
+def predict(
+    plan: PlanLike,
+    options: PredictOptions | None = None,
+    cluster: Cluster | None = None,
+    limits: Limits = DEFAULT_LIMITS,
+) -> StepPrediction:
+    """One optimizer step of `plan`, simulated: time, breakdown, memory (and whether it `fits`), MFU, days to train.
 
     `cluster` replaces the plan's own (a calibrated profile, a what-if built in code)."""
-    return _predict(load_plan(plan), cluster, options or PredictOptions())
+    p = load_plan(plan, limits=limits)
+    check_step(p, limits)
+    return _predict(p, cluster, options or PredictOptions())
 
 
-def simulate_run(plan: PlanLike, seed: int = 0) -> RunPrediction:
-    """The whole training run of `plan`, simulated once with `seed`."""
-    return run_summary.simulate_run(run_summary.setup(load_plan(plan)), seed)
+def _run_setup(plan: PlanLike, limits: Limits, allow_oom: bool, runs: int) -> run_summary.RunSetup:
+    """A whole run's setup, once the plan is known to fit (unless `allow_oom`) and `runs` runs of it, and its step
+    predictions, are within `limits`."""
+    p = load_plan(plan, limits=limits)
+    cluster = loader.plan_cluster(p)
+    check_step(p, limits, run_step_actions(p, cluster))
+    _check_runs(runs, limits)
+    if not allow_oom:
+        fit.check_fit(p, cluster)
+    return run_summary.setup(p, cluster)
+
+
+def simulate_run(
+    plan: PlanLike, seed: int = 0, limits: Limits = DEFAULT_LIMITS, allow_oom: bool = False
+) -> RunPrediction:
+    """The whole training run of `plan`, simulated once with `seed`. A plan that does not fit in memory raises
+    PlanError unless `allow_oom`."""
+    run_summary.check_seed(seed)
+    return run_summary.simulate_run(_run_setup(plan, limits, allow_oom, 1), seed, limits)
 
 
 @dataclass(frozen=True)
@@ -151,30 +214,74 @@ class RunSummary:
     """Per figure: mean, p5 and p95 over the seeds; `interruptions`: mean count per cause."""
 
 
-def simulate_runs(plan: PlanLike, seeds: int | Iterable[int], progress: Callable[[], None] | None = None) -> RunSummary:
+def simulate_runs(
+    plan: PlanLike,
+    seeds: int | Iterable[int],
+    progress: Callable[[], None] | None = None,
+    limits: Limits = DEFAULT_LIMITS,
+    allow_oom: bool = False,
+) -> RunSummary:
     """The whole run once per seed (`seeds` a count from 0, or the seeds themselves); the step model runs once.
-    `progress` is called after each run."""
-    seed_list = list(range(seeds)) if isinstance(seeds, int) else list(seeds)
-    if not seed_list:
-        raise PlanError("seeds: give at least one seed")
-    setup = run_summary.setup(load_plan(plan))
-    runs = run_summary.run_seeds(setup, seed_list, progress)
+    `progress` is called after each run. More seeds than `limits.runs` raise PlanError before any is simulated."""
+    seed_list = _seeds(seeds, limits)
+    setup = _run_setup(plan, limits, allow_oom, len(seed_list))
+    runs = run_summary.run_seeds(setup, seed_list, progress, limits)
     return RunSummary(runs, run_summary.summarise(runs))
 
 
+def _check_runs(runs: int, limits: Limits) -> None:
+    if runs > limits.runs:
+        raise PlanError(
+            f"seeds: {runs:,} runs are past the limit of {limits.runs:,} runs per command; simulate fewer seeds "
+            f"(--seeds), or raise the limit with --limit runs={runs}"
+        )
+
+
+def _seeds(seeds: int | Iterable[int], limits: Limits) -> list[int]:
+    """The seeds as a list, checked; a count past `limits.runs` is refused before it is spelled out."""
+    if isinstance(seeds, bool):
+        raise PlanError(f"seeds {seeds}: give a count of seeds or the seeds themselves")
+    if isinstance(seeds, int):
+        if seeds < 1:
+            raise PlanError(f"seeds {seeds}: give at least one seed")
+        _check_runs(seeds, limits)
+        return list(range(seeds))
+    if isinstance(seeds, Sized):
+        _check_runs(len(seeds), limits)
+    seed_list = list(itertools.islice(seeds, limits.runs + 1))
+    _check_runs(len(seed_list), limits)
+    if not seed_list:
+        raise PlanError("seeds: give at least one seed")
+    for seed in seed_list:
+        run_summary.check_seed(seed)
+    return seed_list
+
+
 def sweep_checkpoint(
-    plan: PlanLike, seeds: int | Iterable[int] = 3, intervals_min: Sequence[float] | None = None
+    plan: PlanLike,
+    seeds: int | Iterable[int] = 3,
+    intervals_min: Sequence[float] | None = None,
+    limits: Limits = DEFAULT_LIMITS,
+    allow_oom: bool = False,
+    progress: Callable[[], None] | None = None,
 ) -> Sweep:
     """Goodput against checkpoint interval (default: 13 intervals from a quarter to four times Daly's), over the
-    same seeds at every interval, with the simulated optimum beside Young's and Daly's."""
-    seed_list = list(range(seeds)) if isinstance(seeds, int) else list(seeds)
-    setup = run_summary.setup(load_plan(plan))
+    same seeds at every interval, with the simulated optimum beside Young's and Daly's. `progress` is called after
+    each run."""
+    seed_list = _seeds(seeds, limits)
+    intervals = len(intervals_min) if intervals_min is not None else 13
+    setup = _run_setup(plan, limits, allow_oom, len(seed_list) * intervals)
+    if not setup.rates:
+        raise PlanError(
+            f"{setup.plan.name}: no failure rate is above zero, so goodput does not depend on the checkpoint interval "
+            "and there is nothing to sweep; give the cluster or reliability.failure_rates a failure rate"
+        )
     if intervals_min is None:
         daly = daly_interval_s(setup.ckpt.stall_s, 1 / sum(setup.rates.values()))
         intervals_s = [daly * f for f in np.geomspace(0.25, 4.0, 13)]
     else:
         intervals_s = [m * 60 for m in intervals_min]
-    return run_summary.sweep_checkpoint(setup, intervals_s, seed_list)
+    return run_summary.sweep_checkpoint(setup, intervals_s, seed_list, limits, progress)
 
 
 def execute(
@@ -198,7 +305,8 @@ def execute(
     manifest land in `out` (default runs/<plan>-<time>). A plan given as a Plan or mapping is written to
     `out/plan.yaml` first, since the ranks load it themselves. With `capture` the gang's output is collected."""
     loaded = load_plan(plan, overrides)
-    run_dir = out or Path("runs") / f"{loaded.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    parse_nnodes(nnodes)  # a malformed --nnodes is refused before --out is created
+    run_dir = output_dir(out or Path("runs") / f"{loaded.name}-{time.strftime('%Y%m%d-%H%M%S')}", "--out")
     if isinstance(plan, str | Path):
         source, passed = str(plan), list(overrides)
     else:

@@ -21,7 +21,8 @@ from plan import loader
 from plan.loader import PlanError
 from twin import api
 from twin.cli.launch import REPO_ROOT, child_env, free_port
-from twin.cli.options import BenchOpt, JsonOpt, console
+from twin.cli.options import BenchOpt, JsonOpt, console, err_console
+from twin.outputs import output_dir, output_file
 
 if TYPE_CHECKING:
     from plan.cluster import Cluster
@@ -56,7 +57,7 @@ def bench(
     if device not in ("cpu", "cuda"):
         raise PlanError(f"--device {device!r}: use cpu or cuda")
     base = loader.load_cluster(cluster)
-    out = out or Path("runs") / f"bench-{stamp()}"
+    out = output_dir(out or Path("runs") / f"bench-{stamp()}", "--out")  # absolute: the bench runs in the repo
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(ranks)]
     cmd += ["--master-addr", "127.0.0.1", "--master-port", str(free_port()), "-m", "executor.bench"]
     cmd += ["--out", str(out), "--device", device] + (["--quick"] if quick else [])
@@ -66,9 +67,11 @@ def bench(
         )
     except subprocess.TimeoutExpired:
         raise PlanError(f"twin bench: the benchmark ran past {BENCH_TIMEOUT_S:.0f} s and was stopped") from None
-    if result.returncode or not (out / "bench.json").exists():
+    if result.returncode:
         tail = (result.stderr.strip().splitlines() or ["no output"])[-1]
         raise PlanError(f"twin bench: the benchmark failed (exit {result.returncode}): {tail[:300]}")
+    if not (out / "bench.json").is_file():
+        raise PlanError(f"twin bench: the benchmark ended but wrote no {out / 'bench.json'}; run it again")
     res = read_bench(out / "bench.json")
     fitted = fit_bench(res, base)
     if as_json:
@@ -124,8 +127,8 @@ def calibrate_command(
     from twin.calibrate.report import summary
 
     base = loader.load_cluster(cluster)
+    path = output_file(out or loader.TOPOLOGY_DIR / "calibrated" / f"{base.name}.yaml", "--out")
     result = api.calibrate(runs, base, bench=bench_file)
-    path = out or loader.TOPOLOGY_DIR / "calibrated" / f"{base.name}.yaml"
     _write_profile(result.profile, path)
     if as_json:
         print(json.dumps({"ok": True, "profile": str(path), "rows": [r.to_json() for r in result.rows],
@@ -155,8 +158,8 @@ def loop(
     if len(clusters) != 1:
         raise PlanError(f"twin loop: the plans name several clusters {sorted(clusters)}; loop over one at a time")
     base = loader.plan_cluster(loaded[0])
-    out = out or Path("runs") / f"loop-{stamp()}"
-    with Progress(transient=False) as bar:
+    out = output_dir(out or Path("runs") / f"loop-{stamp()}", "--out")
+    with Progress(transient=False, console=err_console) as bar:
         task = bar.add_task("executing plans", total=len(plans) * repeats)
 
         def started(label: str) -> None:

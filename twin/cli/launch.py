@@ -29,10 +29,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from plan.cache import CACHE_ENV, cache_dir, default_corpus
 from plan.loader import PlanError
 from plan.records import EventRecord, RecordError, StepRecord, iter_records
 from plan.reliability import FaultSpec
 from plan.schema import Plan
+from twin.outputs import output_dir
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 ELASTIC_RESTARTS = 3  # default restarts of an elastic run: a few lost nodes before giving up
@@ -186,7 +188,7 @@ def summary_line(summary: dict[str, Any], plan: Plan, run_dir: Path) -> str:
         f"; {restarts} restart{'s' * (restarts != 1)}, {summary['steps_replayed']} step(s) replayed" if restarts else ""
     )
     return (
-        f"[green]done[/]: {summary['steps']} steps{first} of {plan.name} on {worlds} ranks → {run_dir}{again}; "
+        f"done: {summary['steps']} steps{first} of {plan.name} on {worlds} ranks → {run_dir}{again}; "
         f"loss {summary['loss']:.4f}, {summary['tokens_per_s']:,.0f} tokens/s, MFU {100 * summary['mfu']:.2f}%"
     )
 
@@ -266,6 +268,9 @@ def launch(
         raise PlanError(f"--device {device!r}: use cpu or cuda")
     faults = plan_faults(plan, inject or [])
     least, most = parse_nnodes(nnodes)
+    out = output_dir(out, "--out")  # before any rank starts: a bad --out is one line, not a gang's tracebacks
+    if not (default_corpus() / "index.json").is_file():
+        output_dir(cache_dir(), f"the data cache (set {CACHE_ENV} to move it)")
     restarts = default_max_restarts(faults, least < most) if max_restarts is None else max_restarts
     cmd = torchrun_command(
         plan_source, plan, overrides=overrides, steps=steps, device=device, out=out, nnodes=nnodes,

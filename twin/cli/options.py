@@ -11,16 +11,26 @@ import sys
 from collections.abc import Callable
 from functools import wraps
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, NoReturn, TypeVar
 
 import typer
 from rich.console import Console
+from rich.text import Text
 
+from plan.limits import Limits
 from plan.loader import PlanError
 from plan.records import RecordError
 
-console = Console()
-err_console = Console(stderr=True)
+# User text (plan names, paths, messages that quote what the user wrote) is never read as Rich markup or emoji
+# codes: `[/]` or `a:b:` prints as written. Styled words are `Text` spans (see `styled`).
+console = Console(markup=False, emoji=False, highlight=False)
+err_console = Console(stderr=True, markup=False, emoji=False, highlight=False)
+
+
+def styled(*parts: str | tuple[str, str]) -> Text:
+    """A line of plain parts and (text, style) parts; no part is parsed as markup."""
+    return Text.assemble(*parts)
+
 
 PlanArg = Annotated[str, typer.Argument(help="A plan YAML path or a preset name (see `twin presets`).")]
 SetOpt = Annotated[
@@ -32,6 +42,18 @@ SetOpt = Annotated[
     ),
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print exactly one JSON object on stdout.")]
+LimitOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--limit",
+        help="Raise a limit on what the command reads or simulates: NAME=VALUE (repeatable), e.g. step_actions=200000; "
+        "names: " + ", ".join(f"{k} ({v:,})" for k, v in Limits().__dict__.items()) + ".",
+    ),
+]
+AllowOomOpt = Annotated[
+    bool,
+    typer.Option("--allow-oom", help="Go on with a plan that does not fit in memory (it is reported, not refused)."),
+]
 BenchOpt = Annotated[Path | None, typer.Option("--bench", help="A bench.json from `twin bench`: where the fit starts.")]
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -45,13 +67,27 @@ def user_errors(func: F) -> F:
         try:
             return func(*args, **kwargs)
         except (PlanError, RecordError) as exc:
-            if kwargs.get("as_json"):
-                print(json.dumps({"ok": False, "error": str(exc)}))
-            else:
-                err_console.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
-            raise typer.Exit(2) from None
+            fail(str(exc), bool(kwargs.get("as_json")))
+        except OSError as exc:  # a file the command writes or reads outside the plan loader: name it, no traceback
+            where = f"{exc.filename}: " if exc.filename else ""
+            fail(f"{where}{exc.strerror or exc}; check the path and its permissions", bool(kwargs.get("as_json")))
 
     return wrapper  # type: ignore[return-value]
+
+
+def fail(message: str, as_json: bool) -> NoReturn:
+    """Report `message` as the command's one error line (or one JSON object) and exit 2."""
+    message = message.replace("\r", "\\r").replace("\n", "\\n")
+    if as_json:
+        print(json.dumps({"ok": False, "error": message}))
+    else:
+        err_console.print(styled(("error:", "bold red"), " ", message), soft_wrap=True)
+    raise typer.Exit(2)
+
+
+def limits_from(items: list[str] | None) -> Limits:
+    """The limits `--limit NAME=VALUE` items set (the defaults for the rest)."""
+    return Limits.parse(items or [])
 
 
 def _plain(value: Any) -> Any:

@@ -5,35 +5,65 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 import typer
-from rich.markup import escape
 from rich.table import Table
 
 from plan import loader
 from plan.cluster import Cluster
 from plan.clusters import WhatIf
-from twin import api
-from twin.cli.options import JsonOpt, PlanArg, SetOpt, console, emit_json, err_console
+from plan.errors import PlanError
+from twin import api, fit
+from twin.cli.options import (
+    AllowOomOpt,
+    JsonOpt,
+    LimitOpt,
+    PlanArg,
+    SetOpt,
+    console,
+    emit_json,
+    err_console,
+    fail,
+    limits_from,
+    styled,
+)
+from twin.fit import oom_message
 
 
-def validate(plan: PlanArg, overrides: SetOpt = None, as_json: JsonOpt = False) -> None:
-    """Check a plan: schema, layout against model, and fit on its cluster."""
-    p = api.load_plan(plan, overrides or [])
-    facts = api.facts(p)
+def validate(
+    plan: PlanArg,
+    overrides: SetOpt = None,
+    as_json: JsonOpt = False,
+    limit: LimitOpt = None,
+    allow_oom: AllowOomOpt = False,
+) -> None:
+    """Check a plan: schema, layout against model, size on its cluster, and that it fits in memory."""
+    result = api.validate(plan, overrides or [], limits_from(limit), allow_oom=allow_oom)
+    if not result.ok or result.plan is None:
+        raise PlanError(result.reasons[0])
+    p, facts = result.plan, result.facts
     if as_json:
         emit_json({"ok": True, "plan": p.name, **facts})
         return
     console.print(
-        f"[green]ok[/]: {p.name} — {facts['world_size']:,} ranks on {p.cluster} "
-        f"({facts['cluster_gpus']:,} × {facts['accelerator']}), {human_count(facts['params_total'])} parameters",
-        highlight=False,
+        styled(
+            ("ok", "green"),
+            f": {p.name} — {facts['world_size']:,} ranks on {p.cluster} "
+            f"({facts['cluster_gpus']:,} × {facts['accelerator']}), {human_count(facts['params_total'])} parameters, "
+            f"{facts['memory_peak_GiB']:,.1f} of {facts['memory_capacity_GiB']:,.1f} GiB per GPU",
+        ),
         soft_wrap=True,
     )
+    if not facts["fits"]:
+        cluster = api.cluster_of(p)
+        err_console.print(
+            styled(("warning:", "bold yellow"), " ", oom_message(p, cluster, fit.memory(p, cluster), False))
+        )
 
 
-def show(plan: PlanArg, overrides: SetOpt = None, as_json: JsonOpt = False) -> None:
+def show(plan: PlanArg, overrides: SetOpt = None, as_json: JsonOpt = False, limit: LimitOpt = None) -> None:
     """Show the resolved plan and cluster, overrides applied (cluster what-ifs marked), with what follows."""
-    p = api.load_plan(plan, overrides or [])
-    facts = api.facts(p, fabric=True)
+    limits = limits_from(limit)
+    p = api.load_plan(plan, overrides or [], limits)
+    facts = api.facts(p, fabric=True, limits=limits)
     cluster, what_if = api.cluster_what_if(p)
     if as_json:
         emit_json(
@@ -51,26 +81,29 @@ def show(plan: PlanArg, overrides: SetOpt = None, as_json: JsonOpt = False) -> N
     for section in ("model", "layout", "training", "reliability"):
         for key, value in getattr(p, section).model_dump(mode="json").items():
             table.add_row(f"{section}.{key}", _fmt(value))
-    table.add_row("cluster", escape(str(p.cluster)))
+    table.add_row("cluster", str(p.cluster))
     table.add_section()
     for key, value in facts.items():
-        table.add_row(f"[bold]{key}[/]", _fmt(value))
+        table.add_row(styled((key, "bold")), _fmt(value))
     console.print(table)
     console.print(cluster_table(cluster, what_if))
 
 
 def cluster_table(cluster: Cluster, what_if: WhatIf) -> Table:
     """Every number of the resolved cluster (sources left out), the fields a what-if set or moved marked."""
-    title = f"cluster {cluster.name}" + (" — [bold yellow]what-if[/]" if what_if.set_paths else "")
+    title = styled(f"cluster {cluster.name}")
+    if what_if.set_paths:
+        title.append(" — ").append("what-if", style="bold yellow")
     table = Table(title=title)
     table.add_column("field", style="cyan", no_wrap=True)
     table.add_column("value")
     table.add_column("")
     data = cluster.model_dump(mode="json", exclude_none=True, exclude={"description", "calibration"})
     for path, value in flatten(data):
-        mark = "[bold yellow]set by what-if[/]" if path in what_if.set_paths else ""
-        mark = mark or (f"[yellow]{escape(what_if.derived[path])}[/]" if path in what_if.derived else "")
-        table.add_row(path, escape(_fmt(value)), mark)
+        mark = styled(("set by what-if", "bold yellow")) if path in what_if.set_paths else styled()
+        if not mark and path in what_if.derived:
+            mark = styled((what_if.derived[path], "yellow"))
+        table.add_row(path, _fmt(value), mark)
     return table
 
 
@@ -112,8 +145,7 @@ def schema(
     try:
         emit_json(json_schema(kind))
     except ValueError as exc:
-        err_console.print(f"[bold red]error:[/] {exc}")
-        raise typer.Exit(2) from None
+        fail(str(exc), as_json=False)
 
 
 def presets(as_json: JsonOpt = False) -> None:
@@ -127,4 +159,4 @@ def presets(as_json: JsonOpt = False) -> None:
         emit_json(listing)
         return
     for kind, names in listing.items():
-        console.print(f"[bold]{kind}[/]: {', '.join(names)}")
+        console.print(styled((kind, "bold"), f": {', '.join(names)}"))

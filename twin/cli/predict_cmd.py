@@ -9,8 +9,21 @@ import typer
 from rich.table import Table
 
 from twin import api
-from twin.cli.options import JsonOpt, PlanArg, SetOpt, console, emit_json
-from twin.step.predict import StepPrediction
+from twin.cli.options import (
+    AllowOomOpt,
+    JsonOpt,
+    LimitOpt,
+    PlanArg,
+    SetOpt,
+    console,
+    emit_json,
+    err_console,
+    limits_from,
+    styled,
+)
+from twin.fit import oom_message
+from twin.outputs import output_file
+from twin.step.predict import PredictOptions, StepPrediction
 
 
 def predict(
@@ -19,13 +32,25 @@ def predict(
     as_json: JsonOpt = False,
     trace: Annotated[Path | None, typer.Option("--trace", help="Write the step as a Chrome/Perfetto trace.")] = None,
     timeline: Annotated[bool, typer.Option("--timeline", help="With --json, include every simulated action.")] = False,
+    limit: LimitOpt = None,
+    allow_oom: AllowOomOpt = False,
 ) -> None:
-    """Predict one optimizer step: time, breakdown, memory, MFU, and days to train."""
+    """Predict one optimizer step: time, breakdown, memory, MFU, and days to train. A plan that does not fit in
+    memory exits 2 (with what would make it fit) unless --allow-oom."""
     from twin.step.trace import write_trace
 
-    pred = api.predict(api.load_plan(plan, overrides or []))
+    limits = limits_from(limit)
+    trace = output_file(trace, "--trace") if trace is not None else None
+    loaded = api.load_plan(plan, overrides or [], limits)
+    if not allow_oom:
+        api.check_fit(loaded, limits)
+    every = PredictOptions(every_microbatch=trace is not None or timeline)  # a timeline of every action
+    pred = api.predict(loaded, every, limits=limits)
     if trace is not None:
         write_trace(pred, trace)
+    if not pred.fits:
+        warning = oom_message(loaded, api.cluster_of(loaded), pred.memory, allow_hint=False)
+        err_console.print(styled(("warning:", "bold yellow"), " ", warning), soft_wrap=True)
     if as_json:
         emit_json(pred.to_json(timeline=timeline))
         return
@@ -54,7 +79,7 @@ def show_prediction(pred: StepPrediction, trace: Path | None) -> None:
             f"{mem.peak:.1f} of {mem.capacity:.1f} GiB — params {mem.params:.1f}, grads {mem.grads:.1f}, "
             f"optimizer {mem.optimizer:.1f}, activations {mem.activations:.1f}, transient {mem.transient:.1f}",
         ),
-        ("fits", ("yes" if pred.fits else "[bold red]NO[/]") + f" — {mem.reason}"),
+        ("fits", styled(("yes", "") if pred.fits else ("NO", "bold red"), f" — {mem.reason}")),
         ("to train", f"{pred.days_to_train:,.1f} days, {pred.gpu_hours:,.0f} GPU-hours"),
         ("simulated", f"{pred.events:,} events"),
     ):

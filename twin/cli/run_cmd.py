@@ -3,17 +3,31 @@ tables or one JSON object."""
 
 from __future__ import annotations
 
+import time
 from typing import Annotated
 
 import typer
-from rich.console import Console
-from rich.progress import Progress
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
+from plan.errors import PlanError
+from plan.limits import Limits
 from plan.schema import Plan
 from twin import api
-from twin.cli.options import JsonOpt, PlanArg, SetOpt, console, emit_json
+from twin.cli.options import (
+    AllowOomOpt,
+    JsonOpt,
+    LimitOpt,
+    PlanArg,
+    SetOpt,
+    console,
+    emit_json,
+    err_console,
+    limits_from,
+)
+from twin.run.budget import duration
 
+SWEEP_INTERVALS = 13  # api.sweep_checkpoint's default intervals
 FIGURES = (
     ("wall_days", "wall days", "{:,.2f}"),
     ("goodput", "goodput (ETTR)", "{:.1%}"),
@@ -33,24 +47,31 @@ def run_command(
     plan: PlanArg,
     overrides: SetOpt = None,
     as_json: JsonOpt = False,
-    seed: Annotated[int, typer.Option("--seed", help="Seed of the first run.")] = 0,
-    seeds: Annotated[int, typer.Option("--seeds", min=1, help="Runs to simulate; >1 reports mean and 5th/95th.")] = 1,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the first run (>= 0).")] = 0,
+    seeds: Annotated[int, typer.Option("--seeds", help="Runs to simulate; >1 reports mean and 5th/95th.")] = 1,
     sweep_checkpoint: Annotated[
         bool, typer.Option("--sweep-checkpoint", help="Goodput against checkpoint interval, optimum vs Young/Daly.")
     ] = False,
+    limit: LimitOpt = None,
+    allow_oom: AllowOomOpt = False,
 ) -> None:
-    """Simulate the whole training run: failures, checkpoints, recovery, goodput, cost and energy."""
-    p = api.load_plan(plan, overrides or [])
+    """Simulate the whole training run: failures, checkpoints, recovery, goodput, cost and energy. A plan that does
+    not fit in memory exits 2 unless --allow-oom; a run whose failures outpace its progress exits 2 at once."""
+    limits = limits_from(limit)
+    api.check_seed(seed)
+    if seeds < 1:
+        raise PlanError(f"--seeds {seeds}: give at least 1")
+    p = api.load_plan(plan, overrides or [], limits)
     if sweep_checkpoint:
-        sweep(p, seed, seeds, as_json)
+        sweep(p, seed, seeds, as_json, limits, allow_oom)
     elif seeds > 1:
-        many(p, seed, seeds, as_json)
+        many(p, seed, seeds, as_json, limits, allow_oom)
     else:
-        single(p, seed, as_json)
+        single(p, seed, as_json, limits, allow_oom)
 
 
-def single(plan: Plan, seed: int, as_json: bool) -> None:
-    result = api.simulate_run(plan, seed)
+def single(plan: Plan, seed: int, as_json: bool, limits: Limits, allow_oom: bool) -> None:
+    result = api.simulate_run(plan, seed, limits, allow_oom)
     if as_json:
         emit_json(result.to_json())
         return
@@ -65,10 +86,9 @@ def single(plan: Plan, seed: int, as_json: bool) -> None:
     console.print(table)
 
 
-def many(plan: Plan, first: int, count: int, as_json: bool) -> None:
-    with Progress(console=Console(stderr=True), transient=True) as progress:
-        task = progress.add_task(f"simulating {count} runs", total=count)
-        summary = api.simulate_runs(plan, range(first, first + count), lambda: progress.advance(task))
+def many(plan: Plan, first: int, count: int, as_json: bool, limits: Limits, allow_oom: bool) -> None:
+    with SeedProgress(plan.name, count) as progress:
+        summary = api.simulate_runs(plan, range(first, first + count), progress.advance, limits, allow_oom)
     stats = summary.stats
     if as_json:
         emit_json({"plan": plan.name, "seeds": count, "ideal_days": summary.runs[0].ideal_days, **stats})
@@ -83,8 +103,43 @@ def many(plan: Plan, first: int, count: int, as_json: bool) -> None:
     console.print("mean interruptions: " + ", ".join(f"{c} {n:.1f}" for c, n in stats["interruptions"].items()))
 
 
-def sweep(plan: Plan, first: int, count: int, as_json: bool) -> None:
-    result = api.sweep_checkpoint(plan, range(first, first + max(count, 3)))
+class SeedProgress:
+    """Progress of a many-run command on stderr: once two runs are done, how long all will take (one line, timed
+    between the first run and the second, so the setup before them does not count), then a bar with the time left.
+    Nothing shows before the first run ends, so a plan refused up front leaves its one error line alone."""
+
+    def __init__(self, plan: str, count: int) -> None:
+        self.plan, self.count = plan, count
+        self.first_done: float | None = None
+        columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
+        self.bar = Progress(*columns, console=err_console, transient=True)
+        self.task = self.bar.add_task(f"simulating {count:,} runs", total=count)
+
+    def advance(self) -> None:
+        now = time.monotonic()
+        if self.first_done is None:
+            self.first_done = now
+        elif not self.bar.live.is_started:
+            each = now - self.first_done
+            err_console.print(
+                f"simulating {self.count:,} runs of {self.plan}: about {duration(each * self.count)} "
+                f"({duration(each)} a run)",
+                soft_wrap=True,
+            )
+            self.bar.start()
+        self.bar.advance(self.task)
+
+    def __enter__(self) -> SeedProgress:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.bar.stop()
+
+
+def sweep(plan: Plan, first: int, count: int, as_json: bool, limits: Limits, allow_oom: bool) -> None:
+    seeds = range(first, first + max(count, 3))
+    with SeedProgress(plan.name, SWEEP_INTERVALS * len(seeds)) as progress:
+        result = api.sweep_checkpoint(plan, seeds, limits=limits, allow_oom=allow_oom, progress=progress.advance)
     if as_json:
         emit_json(result.__dict__)
         return

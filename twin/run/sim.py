@@ -17,6 +17,8 @@ from typing import Any
 import numpy as np
 import simpy
 
+from plan.errors import PlanError
+from plan.limits import DEFAULT_LIMITS, Limits, over
 from twin.run.reliability import CORRELATED, HANG_CAUSES, LEAF_SWITCH_SHARE, NODE_LOSS
 from twin.run.state import Hit, RunSetup, Segment, SpeedChange, Tally
 
@@ -30,10 +32,12 @@ than its cohort's median (executor/telemetry.py), and a policy waits for it to p
 
 
 class RunSim:
-    """One seeded simulation of the whole run."""
+    """One seeded simulation of the whole run, stopped with PlanError past `limits` (its interruptions and
+    checkpoints) or when the job can never again gather its nodes."""
 
-    def __init__(self, setup: RunSetup, seed: int) -> None:
+    def __init__(self, setup: RunSetup, seed: int, limits: Limits = DEFAULT_LIMITS) -> None:
         self.s = setup
+        self.limits = limits
         self.policy = setup.plan.reliability
         self.env = simpy.Environment()
         self.rng = np.random.default_rng(seed)
@@ -52,6 +56,8 @@ class RunSim:
         self.slow = 1.0
         self.corruptions: list[float] = []
         self.node_failures: Counter[int] = Counter()
+        self.repairing = 0  # nodes out for repair that will come back
+        self.fenced = 0  # nodes fenced off for good
         self.returned = self.env.event()
         self.t = Tally()
         self.done = False
@@ -114,6 +120,8 @@ class RunSim:
         progress, taken = seg.after(elapsed)
         for ckpt_progress, completed_wall in taken:
             self.record_checkpoint(ckpt_progress, completed_wall)
+        if self.t.checkpoints > self.limits.run_checkpoints:
+            raise self.past_limit("checkpoints", self.t.checkpoints, "run_checkpoints")
         training = (progress - seg.progress) / seg.rate
         self.t.stall_s += elapsed - training  # whole stalls, and one a failure cut short
         self.t.sdc_check_s += training * seg.check_share
@@ -232,6 +240,8 @@ class RunSim:
         start = self.env.now
         try:
             while self.missing:
+                if not self.repairing:
+                    raise self.stranded()
                 yield self.returned
                 provision |= self.fill()
         finally:
@@ -270,6 +280,7 @@ class RunSim:
             if self.done:
                 return
             self.t.causes[cause] += 1
+            self.count_interruption()
             if cause == "planned":
                 self.strike(Hit("planned", 0, loses_work=False))
                 continue
@@ -310,9 +321,12 @@ class RunSim:
         if node is not None:
             self.node_failures[node] += 1
             if self.node_failures[node] >= self.policy.fence_after:
+                self.fenced += 1
                 self.log("fenced", node=node)
                 return
+        self.repairing += 1
         yield self.env.timeout(self.s.cluster.failures.repair_hours * 3600)
+        self.repairing -= 1
         if node is None:  # cut off by a switch: it returns to its place in the job's pool
             self.local += 1
         elif self.hot < self.policy.hot_spares:
@@ -335,12 +349,42 @@ class RunSim:
             self.slow = 1.0
             self.strike_speed()
             self.t.causes["straggler"] += 1
+            self.count_interruption()
             self.env.process(self.repair(int(self.rng.integers(self.s.job_nodes))))
             self.strike(Hit("straggler", 1, loses_work=False))
 
     def strike_speed(self) -> None:
         if not self.done and self.job.is_alive:
             self.job.interrupt(SpeedChange())
+
+    # --- budgets ------------------------------------------------------------------------------------------------
+
+    def count_interruption(self) -> None:
+        drawn = sum(self.t.causes.values())
+        if drawn > self.limits.run_interruptions:
+            raise self.past_limit("interruptions", drawn, "run_interruptions")
+
+    def past_limit(self, what: str, count: int, limit: str) -> PlanError:
+        plan = self.s.plan
+        return over(
+            f"{plan.name}: the run drew {what} by day {self.env.now / 86400:,.4g} of its simulated wall time at "
+            f"{self.current_progress() / max(self.s.useful_s, 1e-300):.1%} of its training",
+            count,
+            limit,
+            self.limits,
+            "lower training.tokens or the failure rates",
+        )
+
+    def stranded(self) -> PlanError:
+        """The job lacks nodes that no repair will return: it can never run again."""
+        plan, nodes = self.s.plan, self.s.cluster.nodes
+        return PlanError(
+            f"{plan.name}: the run cannot finish: by day {self.env.now / 86400:,.4g} {self.fenced} node(s) were "
+            f"fenced off after {self.policy.fence_after} failures each, and the job's {self.s.job_nodes} nodes no "
+            f"longer fit in the {nodes - self.fenced} healthy nodes left of the cluster's {nodes}; add "
+            f"reliability.hot_spares with cluster nodes for them (cluster.nodes), raise reliability.fence_after, "
+            f"or set reliability.elastic"
+        )
 
     def run(self) -> Tally:
         """Run to the end of training."""

@@ -3,6 +3,7 @@ interval. The simulation itself is twin/run/sim.py."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
@@ -11,9 +12,11 @@ import numpy as np
 
 from plan import loader
 from plan.cluster import Cluster
+from plan.limits import DEFAULT_LIMITS, Limits
 from plan.loader import PlanError
 from plan.rank_grid import RankGrid
 from plan.schema import Plan
+from twin.run.budget import check_run
 from twin.run.reliability import checkpoint_cost, daly_interval_s, job_failure_rates, young_interval_s
 from twin.run.sim import RunSim
 from twin.run.state import RunSetup
@@ -111,7 +114,12 @@ def setup(plan: Plan, cluster: Cluster | None = None, step_s: float | None = Non
     ckpt = checkpoint_cost(plan, cluster)
     rates = job_failure_rates(plan, cluster)
     interval = plan.reliability.checkpoint_interval_min
-    interval_s = daly_interval_s(ckpt.stall_s, 1 / sum(rates.values())) if interval == "auto" else interval * 60
+    if interval != "auto":
+        interval_s = interval * 60
+    elif rates:
+        interval_s = daly_interval_s(ckpt.stall_s, 1 / sum(rates.values()))
+    else:  # nothing fails: Young/Daly's interval grows without bound, and no checkpoint is worth its stall
+        interval_s = math.inf
     job_nodes = -(-plan.layout.world_size // cluster.node.gpus)
     return RunSetup(
         plan=plan,
@@ -126,13 +134,23 @@ def setup(plan: Plan, cluster: Cluster | None = None, step_s: float | None = Non
         leaf_nodes=cluster.fabric.tiers[0].span_nodes if cluster.fabric.tiers else 1,
         replica_nodes=max(1, -(-plan.layout.world_size // plan.layout.dp // cluster.node.gpus)),
         remote_step_s=_remote_step_s(plan, cluster, step_s),
-        step_for_dp=_step_for_dp(plan, cluster, step_s),
+        # only an elastic run changes dp; the others never ask for another dp, so skip the doubled-batch prediction
+        step_for_dp=_step_for_dp(plan, cluster, step_s) if plan.reliability.elastic else lambda dp: step_s,
     )
 
 
-def simulate_run(run_setup: RunSetup, seed: int = 0) -> RunPrediction:
-    """One seeded run."""
-    sim = RunSim(run_setup, seed)
+def check_seed(seed: object) -> None:
+    """PlanError unless `seed` is a whole number >= 0 (numpy's generators take no other)."""
+    if isinstance(seed, bool) or not isinstance(seed, int | np.integer) or seed < 0:
+        raise PlanError(f"seed {seed!r}: give a whole number >= 0, e.g. --seed 5")
+
+
+def simulate_run(run_setup: RunSetup, seed: int = 0, limits: Limits = DEFAULT_LIMITS) -> RunPrediction:
+    """One seeded run; PlanError, before simulating, if its failures outpace its progress or its expected
+    interruptions and checkpoints are past `limits` (twin/run/budget.py), and during it past the same limits."""
+    check_seed(seed)
+    check_run(run_setup, limits)
+    sim = RunSim(run_setup, int(seed), limits)
     tally = sim.run()
     wall = sim.env.now
     plan, cluster = run_setup.plan, run_setup.cluster
@@ -197,12 +215,15 @@ def summarise(runs: list[RunPrediction]) -> dict[str, dict[str, float]]:
 
 
 def run_seeds(
-    run_setup: RunSetup, seeds: Iterable[int], progress: Callable[[], None] | None = None
+    run_setup: RunSetup,
+    seeds: Iterable[int],
+    progress: Callable[[], None] | None = None,
+    limits: Limits = DEFAULT_LIMITS,
 ) -> list[RunPrediction]:
     """One run per seed (the same setup, so the step model runs once)."""
     results = []
     for seed in seeds:
-        results.append(simulate_run(run_setup, seed))
+        results.append(simulate_run(run_setup, seed, limits))
         if progress:
             progress()
     return results
@@ -223,14 +244,21 @@ class Sweep:
     """Mean time between the job's interruptions (seconds)."""
 
 
-def sweep_checkpoint(run_setup: RunSetup, intervals_s: Iterable[float], seeds: Iterable[int]) -> Sweep:
+def sweep_checkpoint(
+    run_setup: RunSetup,
+    intervals_s: Iterable[float],
+    seeds: Iterable[int],
+    limits: Limits = DEFAULT_LIMITS,
+    progress: Callable[[], None] | None = None,
+) -> Sweep:
     """Mean goodput at each interval over the same seeds (common random numbers: the failure draws do not depend
     on the interval), and the optimum from a quadratic fit of goodput in log-interval around the best point."""
     intervals = sorted(intervals_s)
     seeds = list(seeds)
-    means = [
-        float(np.mean([simulate_run(replace(run_setup, interval_s=i), s).goodput for s in seeds])) for i in intervals
-    ]
+    means = []
+    for interval in intervals:
+        runs = run_seeds(replace(run_setup, interval_s=interval), seeds, progress, limits)
+        means.append(float(np.mean([r.goodput for r in runs])))
     best = int(np.argmax(means))
     lo, hi = max(0, best - 2), min(len(intervals), best + 3)
     x, y = np.log(intervals[lo:hi]), np.array(means[lo:hi])

@@ -28,6 +28,9 @@ class PredictOptions:
     """Apply the cluster's per-rank step-time variation (the slowest of N ranks)."""
     algorithm: str | None = None
     """Force one collective algorithm where it applies (ring, tree, hierarchical, nvls, sharp)."""
+    every_microbatch: bool = False
+    """Simulate every microbatch of the step; by default a long step is three short ones extended past their
+    steady state (twin/step/steady.py), the same figures, but a timeline of the shortest (traces ask for all)."""
     relocated: tuple[tuple[int, int], ...] = ()
     """Job nodes running elsewhere in the cluster, as (job node, cluster node): a replacement from outside the job's
     rail group."""
@@ -54,11 +57,7 @@ class StepContext:
 
     @property
     def grad_bytes(self) -> int:
-        """Bytes per element of the data-parallel gradient reduction: the plan's reduce dtype, else the stack's,
-        else the compute dtype's (16 bits under fp8)."""
-        tr = self.plan.training
-        dtype = tr.grad_reduce_dtype or self.stack.grad_reduce_dtype or tr.dtype
-        return max(2, DTYPE_BYTES[dtype])
+        return grad_reduce_bytes(self.plan, self.stack)
 
     @property
     def param_bytes(self) -> int:
@@ -84,6 +83,13 @@ class StepContext:
     def _algorithm(self, op: str) -> str | None:
         forced = self.options.algorithm
         return forced if forced and op == "all_reduce" else None
+
+
+def grad_reduce_bytes(plan: Plan, stack: Stack) -> int:
+    """Bytes per element of the data-parallel gradient reduction: the plan's reduce dtype, else the stack's, else
+    the compute dtype's (16 bits under fp8)."""
+    tr = plan.training
+    return max(2, DTYPE_BYTES[tr.grad_reduce_dtype or stack.grad_reduce_dtype or tr.dtype])
 
 
 def step_context(plan: Plan, cluster: Cluster, options: PredictOptions, stack: Stack | None = None) -> StepContext:

@@ -27,6 +27,7 @@ an oversubscribed host does, hence this small hand-written processor-sharing ser
 from __future__ import annotations
 
 import bisect
+import math
 from collections.abc import Generator
 from dataclasses import dataclass
 from typing import Any
@@ -151,7 +152,8 @@ class SharedCores:
             if self.wake.triggered:
                 self.wake = self.env.event()
             self._advance()
-            finished = [k for k, job in self.jobs.items() if job[0] <= _EPS_S]
+            negligible = max(_EPS_S, 2 * math.ulp(self.env.now) * self.rate())  # below the clock's resolution
+            finished = [k for k, job in self.jobs.items() if job[0] <= negligible]
             owners = set()
             for key in finished:
                 _, done, owner = self.jobs.pop(key)

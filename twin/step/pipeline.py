@@ -130,6 +130,9 @@ class PipelineResult:
     slices: tuple[Slice, ...]
     events: int
     """SimPy events the simulation scheduled."""
+    extended_from: int | None = None
+    """Microbatches of the simulation whose steady state was extended to this step's (twin/step/steady.py); its
+    timeline is that simulation's. None: every microbatch simulated."""
 
 
 class _Sim:

@@ -10,8 +10,9 @@ software stack (plan/stack.py); this module runs the simulation and summarises i
 
 from __future__ import annotations
 
+import functools
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from statistics import NormalDist
 from typing import Any
 
@@ -19,11 +20,12 @@ from plan import loader
 from plan.cluster import Cluster
 from plan.model_math import model_flops_per_token, recompute_flops_per_token
 from plan.schema import Plan
+from plan.stack import Stack
 from twin.step import schedules
 from twin.step.collectives import collective_time
 from twin.step.comm_costs import dp_costs, p2p_costs
 from twin.step.compute import Device
-from twin.step.context import PredictOptions, StepContext, shape_of, step_context
+from twin.step.context import PredictOptions, StepContext, grad_reduce_bytes, shape_of, step_context
 from twin.step.costs import (
     NORM_REDUCTION_BYTES,
     host_sharing,
@@ -36,6 +38,7 @@ from twin.step.kernels import PassCost, head_cost
 from twin.step.memory import MemoryBreakdown, memory_breakdown, stage_layer_ranges, stage_params
 from twin.step.memory import activation_bytes as layer_activation_bytes
 from twin.step.pipeline import PipelineInput, PipelineResult, simulate
+from twin.step.steady import simulate_extended
 
 
 @dataclass(frozen=True)
@@ -69,6 +72,9 @@ class StepPrediction:
     days_to_train: float
     gpu_hours: float
     events: int
+    microbatches_simulated: int
+    """Microbatches per replica the simulation ran: the plan's own, or fewer where a long step's steady state was
+    extended to it (twin/step/steady.py); the timeline holds these."""
     timeline: list[dict[str, Any]] = field(repr=False)
     stage_phases_s: list[dict[str, float]] = field(default_factory=list, repr=False)
     """Per pipeline rank, where its step went in the executor's record vocabulary (plan.records.PHASES)."""
@@ -91,16 +97,22 @@ def straggler_factor(cluster: Cluster, ranks: int) -> float:
     return math.exp(sigma * NormalDist().inv_cdf(0.5 ** (1.0 / ranks)))  # stdlib: scipy.stats costs 0.7 s to import
 
 
-def _activation_weights(ctx: StepContext) -> tuple[dict[int, float], float]:
-    """Each stage's activations per in-flight microbatch, in units of one dense layer's, and the W-kept share."""
-    plan, m = ctx.plan, ctx.plan.model
-    dense, kept = layer_activation_bytes(plan, ctx.stack, moe=False)
-    moe = layer_activation_bytes(plan, ctx.stack, moe=True)[0] if m.is_moe else dense
+def rank_memory(plan: Plan, cluster: Cluster, stack: Stack) -> MemoryBreakdown:
+    """Memory of the plan's fullest pipeline rank: each stage's activations per in-flight microbatch in units of one
+    dense layer's, the schedule's peak of those on each pipeline rank, then the memory model (twin/step/memory.py).
+    Needs no simulation, so `twin validate` calls it too (twin/fit.py)."""
+    lay, m = plan.layout, plan.model
+    dense, kept = layer_activation_bytes(plan, stack, moe=False)
+    moe = layer_activation_bytes(plan, stack, moe=True)[0] if m.is_moe else dense
     weights = {
         s: sum(moe / dense if m.is_moe and i >= m.dense_layers else 1.0 for i in layers)
         for s, layers in enumerate(stage_layer_ranges(plan))
     }
-    return weights, kept
+    kept_for_w = kept if schedules.splits_weight_grad(lay.schedule) else 0.0
+    live = schedules.peak_live_per_rank(
+        lay.schedule, lay.pp, lay.virtual_stages, plan.num_microbatches, weights, kept_for_w
+    )
+    return memory_breakdown(plan, cluster, stack, live, grad_reduce_bytes(plan, stack))
 
 
 DEFAULT_OPTIONS = PredictOptions()
@@ -111,32 +123,29 @@ def predict(plan: Plan, cluster: Cluster | None = None, options: PredictOptions 
     cluster = cluster or loader.plan_cluster(plan)
     ctx = step_context(plan, cluster, options)
     lay = plan.layout
-    orders = schedules.build(lay.schedule, lay.pp, lay.virtual_stages, plan.num_microbatches)
     reduce_s, gather_s, param_gather = dp_costs(ctx)
     kinds = layer_costs(ctx)
-    result = simulate(
-        PipelineInput(
-            orders=orders,
-            stage_rank=tuple(schedules.stage_rank(lay.schedule, lay.pp, s) for s in range(lay.num_stages)),
-            costs=stage_costs(ctx, kinds),
-            overlap_costs=stage_costs(ctx, kinds, paired=True) if _pairs_hide_all_to_all(plan) else {},
-            p2p_s=p2p_costs(ctx),
-            split_w=schedules.splits_weight_grad(lay.schedule),
-            dp_stage_s=reduce_s,
-            gather_stage_s=gather_s,
-            optimizer_s=optimizer_s(ctx),
-            barrier_s=ctx.time("all_reduce", NORM_REDUCTION_BYTES, ctx.span("dp", "pp", "cp", "tp")),
-            dp_overlap=ctx.dp_overlap,
-            host=host_sharing(ctx),
-            blocking_sends=not ctx.stack.pp_overlap,
-        )
+    inp = PipelineInput(
+        orders=(),  # each simulation's own, below
+        stage_rank=tuple(schedules.stage_rank(lay.schedule, lay.pp, s) for s in range(lay.num_stages)),
+        costs=stage_costs(ctx, kinds),
+        overlap_costs=stage_costs(ctx, kinds, paired=True) if _pairs_hide_all_to_all(plan) else {},
+        p2p_s=p2p_costs(ctx),
+        split_w=schedules.splits_weight_grad(lay.schedule),
+        dp_stage_s=reduce_s,
+        gather_stage_s=gather_s,
+        optimizer_s=optimizer_s(ctx),
+        barrier_s=ctx.time("all_reduce", NORM_REDUCTION_BYTES, ctx.span("dp", "pp", "cp", "tp")),
+        dp_overlap=ctx.dp_overlap,
+        host=host_sharing(ctx),
+        blocking_sends=not ctx.stack.pp_overlap,
     )
-    weights, kept = _activation_weights(ctx)
-    live = [
-        schedules.peak_live(o, weights, kept if schedules.splits_weight_grad(lay.schedule) else 0.0) for o in orders
-    ]
-    memory = memory_breakdown(plan, cluster, ctx.stack, live, ctx.grad_bytes)
-    return _summarise(ctx, result, memory, param_gather, kinds)
+    orders_for = functools.partial(schedules.build, lay.schedule, lay.pp, lay.virtual_stages)
+    if options.every_microbatch:
+        result = simulate(replace(inp, orders=orders_for(plan.num_microbatches)))
+    else:
+        result = simulate_extended(inp, orders_for, lay.schedule, lay.pp, plan.num_microbatches)
+    return _summarise(ctx, result, rank_memory(plan, cluster, ctx.stack), param_gather, kinds)
 
 
 def _pairs_hide_all_to_all(plan: Plan) -> bool:
@@ -204,6 +213,7 @@ def _summarise(
         days_to_train=days,
         gpu_hours=days * 24 * lay.world_size,
         events=result.events,
+        microbatches_simulated=result.extended_from or plan.num_microbatches,
         timeline=[
             {
                 "rank": s.rank,

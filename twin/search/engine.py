@@ -1,0 +1,274 @@
+"""`twin search`: the best layouts for a model on a fleet.
+
+The search walks shapes (twin/search/space.py) in order of a lower bound on their objective — the busiest rank's
+compute, from per-layer costs cached across shapes that share them — and stops as soon as the next shape's bound
+cannot beat the K-th best simulated so far: every shape left is bounded at least as high, so none of them could
+enter the top K (pruning is exact: tests/test_search.py checks the top K against simulating every candidate). For a
+shape it reaches, the loader builds each memory-for-time trade in order of time (the fastest recompute level first,
+and within it the least sharding), keeps the first that fits at each recompute level, and simulates those in worker
+processes, a batch at a time.
+"""
+
+from __future__ import annotations
+
+import heapq
+import os
+from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import Executor, ProcessPoolExecutor
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
+
+from plan import loader
+from plan.model_math import model_flops_per_token
+from plan.schema import Plan
+from twin.search.evaluate import Bounds, Outcome, build, memory_of, simulate
+from twin.search.space import Knobs, Shape, Space, knobs, plan_data, restrict, shapes
+from twin.step.compute import Device
+
+Objective = Literal["time", "cost", "mfu", "goodput-time"]
+OBJECTIVES: tuple[str, ...] = ("time", "cost", "mfu", "goodput-time")
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A layout the search simulated (or, for the plan as given, tried to)."""
+
+    shape: Shape
+    knobs: Knobs
+    plan: Plan
+    outcome: Outcome
+    cost_usd: float
+    objective: float
+    """The value ranked on, lower is better: days to train, dollars, or minus the MFU (goodput-time: wall days of
+    the whole run, once the finalists are simulated with failures; days to train before)."""
+    run_wall_days: float | None = None
+
+    @property
+    def headroom_GiB(self) -> float:
+        return self.outcome.memory_capacity_GiB - self.outcome.memory_peak_GiB
+
+    @property
+    def label(self) -> str:
+        s, k = self.shape, self.knobs
+        parts = [f"TP{s.tp}", f"PP{s.pp}", f"DP{s.dp}"] + [f"CP{s.cp}"] * (s.cp > 1) + [f"EP{s.ep}"] * (s.ep > 1)
+        sched = s.schedule + (f" v{s.virtual_stages}" if s.schedule == "interleaved-1f1b" else "")
+        return f"{'×'.join(parts)} {sched} mbs{s.microbatch_size} {k.recompute} z{k.zero}" + " sp" * k.sequence_parallel
+
+
+@dataclass
+class Tally:
+    """What the search has done so far (the progress bar's counts)."""
+
+    shapes: int = 0
+    seen: int = 0
+    invalid: int = 0
+    over_memory: int = 0
+    pruned: int = 0
+    simulated: int = 0
+    cost_cache_hits: int = 0
+
+
+@dataclass
+class SearchResult:
+    top: list[Candidate]
+    pareto: list[Candidate]
+    """Simulated candidates no other beats on time to train, GPUs and memory headroom at once."""
+    given: Candidate | str | None
+    """The base plan's own layout, simulated, or the reason it cannot run; None when a model was given."""
+    tally: Tally
+    objective: str
+    simulated: list[Candidate] = field(default_factory=list, repr=False)
+
+
+def objective_of(objective: str, plan: Plan, step_s: float, usd_per_gpu_hour: float, peak_flops: float) -> float:
+    """The objective of a plan whose step takes `step_s` (increasing in step_s for each objective)."""
+    tokens_per_s = plan.tokens_per_step / step_s
+    days = plan.training.tokens / tokens_per_s / 86400
+    if objective == "cost":
+        return days * 24 * plan.layout.world_size * usd_per_gpu_hour
+    if objective == "mfu":
+        return -tokens_per_s * model_flops_per_token(plan.model) / (plan.layout.world_size * peak_flops)
+    return days
+
+
+def search(
+    base: Mapping[str, Any],
+    space: Space,
+    objective: str = "time",
+    top_k: int = 5,
+    workers: int | None = None,
+    executor: Executor | None = None,
+    progress: Callable[[Tally], None] | None = None,
+    exhaustive: bool = False,
+    given: Plan | None = None,
+    seeds: int = 3,
+) -> SearchResult:
+    """The `top_k` best candidates of `space` for the base plan's model, cluster, stack and training (plan data,
+    as loader.plan_data gives it). `exhaustive` simulates every candidate that fits (the brute force the pruned
+    search is tested against). `executor` runs the simulations (default: a process pool of `workers`, all cores)."""
+    if objective not in OBJECTIVES:
+        raise ValueError(f"objective {objective!r}: choose one of {', '.join(OBJECTIVES)}")
+    probe = loader.validate_plan(base, "search base")
+    cluster, stack = loader.plan_cluster(probe), loader.plan_stack(probe)
+    price = cluster.economics.usd_per_gpu_hour
+    peak = Device.of(cluster, probe.training.dtype, cluster.node.gpus).peak_flops
+    rank_on = "time" if objective == "goodput-time" else objective
+    space = restrict(space)
+    fixed = {k: v for k, v in space.fixed.items() if not k.startswith("layout.")}
+    base = loader.apply_overrides(dict(base), [f"{k}={v}" for k, v in fixed.items()])
+    bounds = Bounds(base, cluster, stack)
+    tally = Tally()
+
+    def score(plan: Plan, step_s: float) -> float:
+        return objective_of(rank_on, plan, step_s, price, peak)
+
+    tokens, flops_per_token = probe.training.tokens, model_flops_per_token(probe.model)
+
+    def score_shape(shape: Shape, step_s: float) -> float:  # objective_of, from a shape
+        tokens_per_s = shape.global_batch * probe.model.seq_len / step_s
+        if rank_on == "mfu":
+            return -tokens_per_s * flops_per_token / (shape.gpus * peak)
+        days = tokens / tokens_per_s / 86400
+        return days * 24 * shape.gpus * price if rank_on == "cost" else days
+
+    # each shape's bound: its fastest trade (no recompute), whatever its memory
+    bounded: list[tuple[float, Shape]] = []
+    for shape in shapes(space, base["model"]):
+        tally.shapes += 1
+        fastest = knobs(space, shape.tp)[0]  # no recompute, sequence parallel where it is allowed: least compute
+        bound = bounds.step_s(shape, fastest)
+        if bound is None:
+            tally.invalid += 1
+            continue
+        bounded.append((score_shape(shape, bound), shape))
+    bounded.sort(key=lambda item: item[0])
+
+    pool = executor or ProcessPoolExecutor(max_workers=workers or os.cpu_count() or 1)
+    best: list[tuple[float, int, Candidate]] = []  # max-heap by objective (negated) of the top K
+    simulated: list[Candidate] = []
+    batch: list[tuple[Shape, Knobs, Plan]] = []
+    try:
+        for i, (bound, shape) in enumerate(bounded):
+            if not exhaustive and len(best) >= top_k and bound >= -best[0][0]:
+                tally.pruned += len(bounded) - i
+                break
+            batch += _trades_that_fit(base, shape, space, cluster, stack, tally)
+            if len(batch) >= 2 * (workers or os.cpu_count() or 1) or i == len(bounded) - 1:
+                _run_batch(pool, batch, score, price, simulated, best, top_k, tally)
+                batch = []
+                if progress:
+                    progress(tally)
+        if batch:
+            _run_batch(pool, batch, score, price, simulated, best, top_k, tally)
+    finally:
+        if executor is None:
+            pool.shutdown()
+    tally.cost_cache_hits = bounds.hits
+    top = sorted((c for _, _, c in best), key=lambda c: c.objective)
+    if objective == "goodput-time":
+        top = _by_goodput(top, seeds)
+    mine = _given(given, cluster, stack, score, price) if given is not None else None
+    return SearchResult(top, pareto_front(simulated), mine, tally, objective, simulated)
+
+
+def _trades_that_fit(
+    base: Mapping[str, Any], shape: Shape, space: Space, cluster: Any, stack: Any, tally: Tally
+) -> list[tuple[Shape, Knobs, Plan]]:
+    """Per recompute level, the shape's first memory-for-time trade that the loader accepts and that fits in
+    memory: sequence parallelism before none (it only saves memory), then the least ZeRO sharding (more only adds
+    gathers). Whether recompute or sharding costs less time depends on the shape, so each level is simulated."""
+    out = []
+    for recompute in space.recompute:
+        for knob in (k for k in knobs(space, shape.tp) if k.recompute == recompute):
+            tally.seen += 1
+            plan = build(plan_data(base, shape, knob), cluster)
+            if isinstance(plan, str):
+                tally.invalid += 1
+                continue
+            peak, capacity = memory_of(plan, cluster, stack)
+            if peak > capacity:
+                tally.over_memory += 1
+                continue
+            out.append((shape, knob, plan))
+            if knob.zero <= 1:
+                return out  # fits with no sharding past the optimizer state: more recompute only costs time
+            break
+    return out
+
+
+def _run_batch(
+    pool: Executor,
+    batch: list[tuple[Shape, Knobs, Plan]],
+    score: Callable[[Plan, float], float],
+    price: float,
+    simulated: list[Candidate],
+    best: list[tuple[float, int, Candidate]],
+    top_k: int,
+    tally: Tally,
+) -> None:
+    datas = [plan.model_dump(mode="json") for _, _, plan in batch]
+    for (shape, knob, plan), outcome in zip(batch, pool.map(simulate, datas), strict=True):
+        tally.simulated += 1
+        cand = Candidate(shape, knob, plan, outcome, outcome.gpu_hours * price, score(plan, outcome.step_time_s))
+        simulated.append(cand)
+        entry = (-cand.objective, len(simulated), cand)
+        if len(best) < top_k:
+            heapq.heappush(best, entry)
+        elif cand.objective < -best[0][0]:
+            heapq.heapreplace(best, entry)
+
+
+def _by_goodput(top: list[Candidate], seeds: int) -> list[Candidate]:
+    """The finalists re-ranked by the whole run's mean wall days over `seeds` seeds (failures, checkpoints)."""
+    from twin import api
+
+    out = []
+    for cand in top:
+        runs = api.simulate_runs(cand.plan, seeds)
+        wall = runs.stats["wall_days"]["mean"]
+        out.append(replace(cand, run_wall_days=wall, objective=wall))
+    return sorted(out, key=lambda c: c.objective)
+
+
+def _given(
+    plan: Plan, cluster: Any, stack: Any, score: Callable[[Plan, float], float], price: float
+) -> Candidate | str:
+    """The plan as given, simulated like a candidate; or why it cannot run."""
+    lay = plan.layout
+    shape = Shape(lay.dp, lay.tp, lay.pp, lay.cp, lay.ep, lay.microbatch_size, lay.schedule, lay.virtual_stages,
+                  plan.training.global_batch)  # fmt: skip
+    knob = Knobs(lay.sequence_parallel, lay.recompute, lay.zero)
+    peak, capacity = memory_of(plan, cluster, stack)
+    if peak > capacity:
+        return f"{plan.name}: does not fit in memory ({peak:,.1f} of {capacity:,.1f} GiB per GPU)"
+    outcome = simulate(plan.model_dump(mode="json"))
+    return Candidate(shape, knob, plan, outcome, outcome.gpu_hours * price, score(plan, outcome.step_time_s))
+
+
+def pareto_front(candidates: Iterable[Candidate]) -> list[Candidate]:
+    """Candidates that no other beats on all of: days to train (lower), GPUs (fewer), memory headroom (more)."""
+    pool = list(candidates)
+
+    def beats(a: Candidate, b: Candidate) -> bool:
+        ka = (a.outcome.days_to_train, a.shape.gpus, -a.headroom_GiB)
+        kb = (b.outcome.days_to_train, b.shape.gpus, -b.headroom_GiB)
+        return all(x <= y for x, y in zip(ka, kb, strict=True)) and ka != kb
+
+    front = [c for c in pool if not any(beats(o, c) for o in pool)]
+    return sorted(front, key=lambda c: c.outcome.days_to_train)
+
+
+def why_better(a: Candidate, b: Candidate, most: int = 2) -> str:
+    """Where `a`'s step gains on `b`'s, per token: the components that differ most."""
+    per_a = a.plan.tokens_per_step
+    per_b = b.plan.tokens_per_step
+    deltas = {
+        k: a.outcome.breakdown_s.get(k, 0.0) / per_a - b.outcome.breakdown_s.get(k, 0.0) / per_b
+        for k in set(a.outcome.breakdown_s) | set(b.outcome.breakdown_s)
+    }
+    scale = b.outcome.step_time_s / per_b
+    ranked = sorted(deltas.items(), key=lambda kv: abs(kv[1]), reverse=True)[:most]
+    parts = [f"{name} {delta / scale:+.1%}" for name, delta in ranked if abs(delta) > 1e-4 * scale]
+    if a.shape.gpus != b.shape.gpus:
+        parts.append(f"{a.shape.gpus:,} vs {b.shape.gpus:,} GPUs")
+    return ", ".join(parts) or "the same step"

@@ -1,0 +1,160 @@
+"""What a search learns about one candidate: whether the loader accepts it, whether it fits, a lower bound on its
+step time (cheap, from cached per-layer costs), and its simulated step (in a worker process).
+
+The bound (`Bounds`) is the busiest pipeline rank's work: a rank runs its actions one after another, each at least
+as long as its layers' compute and exposed communication, after microbatch 0's forward has passed the stages before
+it (embedding and head, bubbles, dispatch floors, the optimizer, stragglers and data waits only add), so no
+simulated step is shorter. tests/test_search.py holds bound ≤ step on every candidate it
+simulates.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from plan import loader
+from plan.cluster import Cluster
+from plan.errors import PlanError
+from plan.schema import Plan
+from plan.stack import Stack
+from twin.search.space import Knobs, Shape, plan_data
+from twin.step import schedules
+from twin.step.comm_costs import layer_comm
+from twin.step.context import PredictOptions, step_context
+from twin.step.costs import layer_costs
+from twin.step.memory import stage_layer_ranges
+from twin.step.predict import predict, rank_memory
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """A simulated candidate: what a planner compares."""
+
+    step_time_s: float
+    mfu: float
+    days_to_train: float
+    gpu_hours: float
+    memory_peak_GiB: float
+    memory_capacity_GiB: float
+    breakdown_s: dict[str, float]
+    microbatches_simulated: int
+
+
+class Bounds:
+    """Lower bounds on step time, from parts cached across the shapes that share them.
+
+    Per layer and microbatch, the seconds of its forward and of its backward actions: compute and the exposed
+    TP, CP and EP communication inside them, keyed by what they depend on. The model, stack and cluster are fixed in
+    a search; of the layout, only the fields of LAYER_KEY — dp, the pipeline and the ZeRO stage change where a
+    layer runs, not what it costs, since tp, cp and ep are the innermost axes of the rank order. Per pipeline rank,
+    its dense and MoE layers and the layers of the stages before its first, keyed by pp, virtual stages and
+    schedule. A miss builds the shape's plan (the loader's rules); a shape the loader rejects has no bound."""
+
+    LAYER_KEY = ("tp", "cp", "ep", "microbatch_size", "sequence_parallel", "recompute", "fused_projections")
+
+    def __init__(self, base: Mapping[str, Any], cluster: Cluster, stack: Stack) -> None:
+        self.base, self.cluster, self.stack = base, cluster, stack
+        self._layer: dict[tuple[Any, ...], dict[bool, tuple[float, float]]] = {}
+        self._ranks: dict[tuple[Any, ...], list[RankLayers]] = {}
+        self.hits = self.misses = 0
+
+    def step_s(self, shape: Shape, knob: Knobs) -> float | None:
+        """Seconds no simulated step of the shape with these knobs is shorter than; None where the loader rejects
+        it. For each pipeline rank: its actions run one after another (all of their layers' compute and exposed
+        communication), and its first waits for microbatch 0's forward through every earlier stage."""
+        layout = {**self.base["layout"], **shape.layout(), **knob.layout()}
+        lkey = (*(layout.get(k) for k in self.LAYER_KEY), min(shape.gpus, self.cluster.node.gpus), shape.schedule)
+        rkey = (shape.pp, shape.virtual_stages, shape.schedule)
+        if lkey in self._layer and rkey in self._ranks:
+            self.hits += 1
+        else:
+            self.misses += 1
+            plan = build(plan_data(self.base, shape, knob), self.cluster)
+            if isinstance(plan, str):
+                return None
+            if lkey not in self._layer:
+                self._layer[lkey] = self._per_layer_s(plan)
+            if rkey not in self._ranks:
+                self._ranks[rkey] = _rank_layers(plan)
+        cost = self._layer[lkey]
+        dense, moe = cost[False], cost.get(True, (0.0, 0.0))
+        m = shape.microbatches
+        return max(
+            m * (r.dense * sum(dense) + r.moe * sum(moe)) + r.dense_before * dense[0] + r.moe_before * moe[0]
+            for r in self._ranks[rkey]
+        )
+
+    def _per_layer_s(self, plan: Plan) -> dict[bool, tuple[float, float]]:
+        """Forward and backward seconds of one layer's actions for one microbatch (the lesser of the plain and the
+        overlapped-pair costs where DualPipe pairs them)."""
+        ctx = step_context(plan, self.cluster, PredictOptions(), self.stack)
+        full = plan.layout.recompute == "full"
+        out = {}
+        for moe, c in layer_costs(ctx).items():
+            options = []
+            for paired in (False, True) if plan.layout.schedule == "dualpipe-v" else (False,):
+                comm = layer_comm(ctx, c, moe, paired)
+                fwd = sum(comm[axis][0] for axis in comm)
+                bwd = sum(comm[axis][1] for axis in comm) + (fwd if full else 0.0)
+                backward = c.backward_input_s + c.backward_weight_s + c.recompute_s
+                options.append((c.forward_s + fwd, backward + bwd))
+            out[moe] = min(options, key=sum)
+        return out
+
+
+@dataclass(frozen=True)
+class RankLayers:
+    """A pipeline rank's layers, dense and MoE, and those of the stages before its first."""
+
+    dense: int
+    moe: int
+    dense_before: int
+    moe_before: int
+
+
+def _rank_layers(plan: Plan) -> list[RankLayers]:
+    lay, m = plan.layout, plan.model
+    ranges = stage_layer_ranges(plan)
+    out = []
+    for rank in range(lay.pp):
+        stages = [s for s in range(lay.num_stages) if schedules.stage_rank(lay.schedule, lay.pp, s) == rank]
+        mine = [i for s in stages for i in ranges[s]]
+        before = [i for s in range(min(stages)) for i in ranges[s]]
+        is_moe = [m.is_moe and i >= m.dense_layers for i in mine], [m.is_moe and i >= m.dense_layers for i in before]
+        out.append(RankLayers(is_moe[0].count(False), sum(is_moe[0]), is_moe[1].count(False), sum(is_moe[1])))
+    return out
+
+
+def memory_of(plan: Plan, cluster: Cluster, stack: Stack) -> tuple[float, float]:
+    """Peak and capacity (GiB) of the plan's fullest rank, as `predict` reports them."""
+    mem = rank_memory(plan, cluster, stack)
+    return mem.peak, mem.capacity
+
+
+def build(data: Mapping[str, Any], cluster: Cluster) -> Plan | str:
+    """The candidate as a Plan, or the loader's one-line reason it is not one (a rule of plan/schema.py, or the
+    cluster too small)."""
+    try:
+        plan = loader.validate_plan(data, "candidate")
+        loader.check_fits_cluster(plan, cluster, "candidate")
+    except (PlanError, ValueError) as exc:
+        return str(exc)
+    return plan
+
+
+def simulate(data: Mapping[str, Any]) -> Outcome:
+    """One candidate's step, simulated (run in a worker process: the plan travels as data)."""
+    plan = loader.validate_plan(data, "candidate")
+    pred = predict(plan)
+    return Outcome(
+        step_time_s=pred.step_time_s,
+        mfu=pred.mfu,
+        days_to_train=pred.days_to_train,
+        gpu_hours=pred.gpu_hours,
+        memory_peak_GiB=pred.memory.peak,
+        memory_capacity_GiB=pred.memory.capacity,
+        breakdown_s=dict(pred.breakdown_s),
+        microbatches_simulated=pred.microbatches_simulated,
+    )

@@ -1,0 +1,179 @@
+"""The layouts a search considers: every way to lay a model out on a fleet within the user's GPU and batch ranges.
+
+A *shape* fixes the parallel degrees, the micro-batch size, the schedule and its virtual stages, and the global
+batch; a *candidate* adds what trades memory for time on that shape (sequence parallelism, recompute, ZeRO stage).
+Shapes are enumerated with integer arithmetic only (the divisibility rules of plan/schema.py, restated so that
+thousands of shapes cost milliseconds); every candidate is then built into a Plan by the loader, so what is
+searched is exactly what `twin validate` accepts.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+SCHEDULES = ("1f1b", "interleaved-1f1b", "gpipe", "zb-h1", "zbv", "dualpipe-v")
+VIRTUAL_STAGES = (2, 3, 4, 6, 8)
+"""Virtual stages tried for interleaved 1F1B (Megatron's usual choices); zbv and dualpipe-v take exactly 2."""
+POWERS = (1, 2, 4, 8, 16, 32, 64, 128)
+RECOMPUTE = ("none", "selective", "full")
+"""In order of time: each recomputes more of the forward than the one before."""
+ZERO = (0, 1, 2, 3)
+"""In order of memory: each shards more of the training state than the one before."""
+
+
+@dataclass(frozen=True)
+class Space:
+    """What the search may choose. Each tuple is the values allowed; `fixed` holds `section.field` values the user
+    pinned (--fix), which replace the field's values here and are set on every candidate."""
+
+    gpus: tuple[int, int]
+    """Fewest and most GPUs a layout may use."""
+    batch_sequences: tuple[int, int]
+    """Fewest and most sequences per global batch."""
+    tp: tuple[int, ...] = (1, 2, 4, 8)
+    cp: tuple[int, ...] = (1, 2, 4, 8)
+    pp: tuple[int, ...] = POWERS
+    ep: tuple[int, ...] = POWERS
+    microbatch_size: tuple[int, ...] = (1, 2, 4)
+    schedule: tuple[str, ...] = SCHEDULES
+    virtual_stages: tuple[int, ...] = VIRTUAL_STAGES
+    zero: tuple[int, ...] = ZERO
+    recompute: tuple[str, ...] = RECOMPUTE
+    sequence_parallel: tuple[bool, ...] = (True, False)
+    fixed: Mapping[str, Any] = field(default_factory=dict)
+    gpu_counts: bool = False
+    """Explore the GPU count: besides the most data-parallel replicas the range allows, halve them while the layout
+    stays in the range (a range was given); otherwise only the most."""
+
+
+@dataclass(frozen=True, order=True)
+class Shape:
+    """The parallel degrees, schedule and batch of one layout; what trades memory for time comes later."""
+
+    dp: int
+    tp: int
+    pp: int
+    cp: int
+    ep: int
+    microbatch_size: int
+    schedule: str
+    virtual_stages: int
+    global_batch: int
+
+    @property
+    def gpus(self) -> int:
+        return self.dp * self.tp * self.pp * self.cp
+
+    def layout(self) -> dict[str, Any]:
+        return {
+            "dp": self.dp, "tp": self.tp, "pp": self.pp, "cp": self.cp, "ep": self.ep,
+            "microbatch_size": self.microbatch_size, "schedule": self.schedule, "virtual_stages": self.virtual_stages,
+        }  # fmt: skip
+
+    @property
+    def microbatches(self) -> int:
+        return self.global_batch // (self.dp * self.microbatch_size)
+
+
+@dataclass(frozen=True)
+class Knobs:
+    """What a candidate adds to its shape: the memory-for-time trades."""
+
+    sequence_parallel: bool
+    recompute: str
+    zero: int
+
+    def layout(self) -> dict[str, Any]:
+        return {"sequence_parallel": self.sequence_parallel, "recompute": self.recompute, "zero": self.zero}
+
+
+def restrict(space: Space) -> Space:
+    """The space with each pinned `layout.FIELD` value as the only value of that axis."""
+    pinned = {k.split(".", 1)[1]: v for k, v in space.fixed.items() if k.startswith("layout.")}
+    axes = {name: (value,) for name, value in pinned.items() if name in Space.__dataclass_fields__}
+    return Space(**{**space.__dict__, **axes}) if axes else space
+
+
+def shapes(space: Space, model: Mapping[str, Any]) -> Iterator[Shape]:
+    """Every shape of `space` that the plan rules allow for `model` (a plan's model section): tp divides the heads,
+    the FFN widths and the vocabulary; cp splits the sequence into 2·cp chunks; the stages hold at least one layer
+    each; ep divides the experts and dp; the batch is a whole number of microbatches per replica, which the
+    schedule accepts. Per (tp, pp, cp, ep, micro-batch size, schedule): the most data-parallel replicas the GPU
+    range allows with a batch in range, and the batch at both ends of the range it allows them."""
+    heads, kv = model["heads"], model.get("kv_heads") or model["heads"]
+    widths = [model["ffn_hidden"], model["vocab"]] + ([model["moe_ffn_hidden"]] if model.get("moe_ffn_hidden") else [])
+    experts, layers, seq = model.get("experts") or 0, model["layers"], model["seq_len"]
+    lo_gpus, hi_gpus = space.gpus
+    for tp, cp, pp in itertools.product(space.tp, space.cp, space.pp):
+        if heads % tp or (kv % tp and tp % kv) or any(w % tp for w in widths) or seq % (2 * cp) or pp > layers:
+            continue
+        model_parallel = tp * cp * pp
+        if model_parallel > hi_gpus:
+            continue
+        for ep in space.ep if experts else (1,):
+            if experts and experts % ep:
+                continue
+            for mbs, (schedule, v) in itertools.product(space.microbatch_size, _schedules(space, pp, layers)):
+                yield from _batches(space, tp, pp, cp, ep, mbs, schedule, v, lo_gpus, hi_gpus)
+
+
+def _schedules(space: Space, pp: int, layers: int) -> Iterator[tuple[str, int]]:
+    for schedule in space.schedule:
+        if pp == 1 and schedule != "1f1b":
+            continue  # one stage: every schedule runs the same forwards and backwards
+        if schedule == "interleaved-1f1b":
+            yield from ((schedule, v) for v in space.virtual_stages if v > 1 and pp * v <= layers)
+        elif schedule in ("zbv", "dualpipe-v"):
+            if 2 * pp <= layers:  # exactly two chunks per rank
+                yield schedule, 2
+        else:
+            yield schedule, 1
+
+
+def _batches(
+    space: Space, tp: int, pp: int, cp: int, ep: int, mbs: int, schedule: str, v: int, lo: int, hi: int
+) -> Iterator[Shape]:
+    """The shapes of one (tp, pp, cp, ep, mbs, schedule): the largest dp in the GPU range that some batch in range
+    fits, and the smallest and largest such batch."""
+    lo_b, hi_b = space.batch_sequences
+    step = pp if schedule == "interleaved-1f1b" else 1  # microbatches per replica a multiple of pp
+    least = 2 * pp if schedule in ("zbv", "dualpipe-v") else 1
+    model_parallel = tp * cp * pp
+    for dp in range(hi // model_parallel, 0, -1):
+        if dp * model_parallel < lo:
+            return
+        if dp % ep:
+            continue
+        unit = dp * mbs * step  # the batch grows in these
+        first = max(-(-lo_b // unit), -(-least // step)) * unit
+        last = hi_b // unit * unit
+        if first > last:
+            continue
+        batches = {first, last}
+        if schedule == "zb-h1":  # its rounds of pp must be equal
+            batches = {b for b in batches if (b // (dp * mbs)) % max(1, (b // (dp * mbs)) // pp) == 0}
+        yield from (Shape(dp, tp, pp, cp, ep, mbs, schedule, v, b) for b in sorted(batches))
+        if not space.gpu_counts:
+            return
+        fewer = dp // 2
+        while fewer > 0 and (fewer % ep or fewer * model_parallel > dp * model_parallel // 2):
+            fewer -= 1
+        if fewer < 1 or fewer * model_parallel < lo:
+            return
+        yield from _batches(space, tp, pp, cp, ep, mbs, schedule, v, lo, fewer * model_parallel)
+        return
+
+
+def knobs(space: Space, tp: int) -> list[Knobs]:
+    """The memory-for-time trades of a shape, fastest first within each recompute level."""
+    sp_values = space.sequence_parallel if tp > 1 else (False,)
+    return [Knobs(sp, r, z) for r in space.recompute for sp in sp_values for z in space.zero]
+
+
+def plan_data(base: Mapping[str, Any], shape: Shape, knob: Knobs) -> dict[str, Any]:
+    """The base plan's data with the shape and knobs set (stage splits follow the new pp)."""
+    layout = {k: v for k, v in base["layout"].items() if k != "stage_layers"} | shape.layout() | knob.layout()
+    return {**base, "layout": layout, "training": {**base["training"], "global_batch": shape.global_batch}}
