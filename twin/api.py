@@ -10,6 +10,8 @@ users' own scripts all go through.
     report = api.validate("my-plan.yaml")          # ok, or the reasons it is not, and what follows from it
     launch = api.execute("cpu-tiny", steps=5)      # run the layout for real under torchrun
     fitted = api.calibrate([launch.run_dir], "localhost-cpu")
+    best = api.search("llama3-70b", cluster="dgx-h100-superpod", gpus=2048, batch_tokens=8 * 2**20)
+    table = api.sweep("llama3-405b-16k", ["layout.pp=8,16", "cluster.fabric.tiers.1.bandwidth_GBps=50,100"])
 
 A plan argument is anything `load_plan` takes: a Plan, a preset name, a YAML path or a mapping. Bad input raises
 `plan.PlanError` with one line naming the field and the fix; nothing here prints.
@@ -53,8 +55,11 @@ from twin.step.predict import PredictOptions, StepPrediction
 from twin.step.predict import predict as _predict
 
 if TYPE_CHECKING:
+    import pandas as pd
+
     from twin.calibrate.loop import Calibrated
     from twin.calibrate.measured import Measurement
+    from twin.search.engine import SearchResult, Tally
 
 PlanLike = Plan | str | Path | Mapping[str, Any]
 """A validated Plan, a preset name, a path to a plan YAML, or a plan as a mapping (the YAML's contents)."""
@@ -354,3 +359,37 @@ def calibrate(
     fit_data = read_measurements(list(runs))
     held = read_measurements(list(held_out)) if held_out else []
     return fit_runs(fit_data, base, held, bench, name=name or base.name)
+
+
+def search(
+    model_or_plan: str,
+    cluster: str | None = None,
+    overrides: Iterable[str] = (),
+    *,
+    gpus: int | tuple[int, int] | None = None,
+    batch_tokens: float | tuple[float, float] | None = None,
+    objective: str = "time",
+    top: int = 5,
+    fix: Iterable[str] = (),
+    workers: int | None = None,
+    progress: Callable[[Tally], None] | None = None,
+    seeds: int = 3,
+    limits: Limits = DEFAULT_LIMITS,
+) -> SearchResult:
+    """The best layouts of a model preset on `cluster` (or of a plan's model on its own cluster): the `top` by
+    `objective` (time, cost, mfu or goodput-time), the Pareto front over time to train, GPUs and memory headroom, and
+    the plan as given (simulated, or why it cannot run). `gpus`: at most N, or a (fewest, most) range to explore;
+    `batch_tokens`: a batch or a (low, high) range; `fix`: `section.field=value` pins (see twin/search/)."""
+    from twin.search import front
+
+    return front.run(
+        model_or_plan, cluster, overrides, gpus, batch_tokens, objective, top, fix, workers, progress, seeds, limits
+    )[0]
+
+
+def sweep(plan: str, fields: Sequence[str], overrides: Iterable[str] = ()) -> pd.DataFrame:
+    """Every combination of `fields` (each `section.field=a,b,c`, plan or cluster fields) predicted, a row each;
+    a variant that is not a valid plan, or does not fit, has its reason instead."""
+    from twin.search import front
+
+    return front.sweep(plan, fields, overrides)

@@ -10,6 +10,7 @@ from twin.cli.options import user_errors
 from twin.cli.plan_cmds import presets, schema, show, validate
 from twin.cli.predict_cmd import predict
 from twin.cli.run_cmd import run_command
+from twin.cli.search_cmd import search_command
 
 app = typer.Typer(
     name="twin",
@@ -23,6 +24,7 @@ app.command()(user_errors(validate))
 app.command()(user_errors(show))
 app.command()(user_errors(predict))
 app.command("run")(user_errors(run_command))
+app.command("search")(user_errors(search_command))
 app.command()(schema)
 app.command()(presets)
 app.command()(user_errors(execute))

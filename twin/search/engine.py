@@ -21,8 +21,8 @@ from typing import Any, Literal
 from plan import loader
 from plan.model_math import model_flops_per_token
 from plan.schema import Plan
-from twin.search.evaluate import Bounds, Outcome, build, memory_of, simulate
-from twin.search.space import Knobs, Shape, Space, knobs, plan_data, restrict, shapes
+from twin.search.evaluate import Bounds, Outcome, build, knobs_from, memory_of, shape_from, simulate
+from twin.search.space import Knobs, Shape, Space, knobs, neutral, plan_data, restrict, shapes
 from twin.step.compute import Device
 
 Objective = Literal["time", "cost", "mfu", "goodput-time"]
@@ -51,8 +51,9 @@ class Candidate:
     def label(self) -> str:
         s, k = self.shape, self.knobs
         parts = [f"TP{s.tp}", f"PP{s.pp}", f"DP{s.dp}"] + [f"CP{s.cp}"] * (s.cp > 1) + [f"EP{s.ep}"] * (s.ep > 1)
-        sched = s.schedule + (f" v{s.virtual_stages}" if s.schedule == "interleaved-1f1b" else "")
-        return f"{'×'.join(parts)} {sched} mbs{s.microbatch_size} {k.recompute} z{k.zero}" + " sp" * k.sequence_parallel
+        sched = {"interleaved-1f1b": f"int{s.virtual_stages}", "dualpipe-v": "dpv"}.get(s.schedule, s.schedule)
+        recompute = {"none": "", "selective": " sel", "full": " full"}[k.recompute]
+        return f"{'·'.join(parts)} {sched} m{s.microbatch_size} z{k.zero}{recompute}" + " sp" * k.sequence_parallel
 
 
 @dataclass
@@ -100,7 +101,7 @@ def search(
     executor: Executor | None = None,
     progress: Callable[[Tally], None] | None = None,
     exhaustive: bool = False,
-    given: Plan | None = None,
+    given: Plan | str | None = None,
     seeds: int = 3,
 ) -> SearchResult:
     """The `top_k` best candidates of `space` for the base plan's model, cluster, stack and training (plan data,
@@ -108,7 +109,7 @@ def search(
     search is tested against). `executor` runs the simulations (default: a process pool of `workers`, all cores)."""
     if objective not in OBJECTIVES:
         raise ValueError(f"objective {objective!r}: choose one of {', '.join(OBJECTIVES)}")
-    probe = loader.validate_plan(base, "search base")
+    probe = loader.validate_plan(neutral(base), "search base")
     cluster, stack = loader.plan_cluster(probe), loader.plan_stack(probe)
     price = cluster.economics.usd_per_gpu_hour
     peak = Device.of(cluster, probe.training.dtype, cluster.node.gpus).peak_flops
@@ -133,7 +134,7 @@ def search(
 
     # each shape's bound: its fastest trade (no recompute), whatever its memory
     bounded: list[tuple[float, Shape]] = []
-    for shape in shapes(space, base["model"]):
+    for shape in shapes(space, base["model"], base["layout"].get("edge_stage_trim", 0)):
         tally.shapes += 1
         fastest = knobs(space, shape.tp)[0]  # no recompute, sequence parallel where it is allowed: least compute
         bound = bounds.step_s(shape, fastest)
@@ -152,7 +153,15 @@ def search(
             if not exhaustive and len(best) >= top_k and bound >= -best[0][0]:
                 tally.pruned += len(bounded) - i
                 break
-            batch += _trades_that_fit(base, shape, space, cluster, stack, tally)
+            for trade in _trades_that_fit(base, shape, space, cluster, stack, tally):
+                if (
+                    not exhaustive
+                    and len(best) >= top_k
+                    and score(trade[2], bounds.pipeline_s(trade[2])) >= -best[0][0]
+                ):
+                    tally.pruned += 1
+                    continue
+                batch.append(trade)
             if len(batch) >= 2 * (workers or os.cpu_count() or 1) or i == len(bounded) - 1:
                 _run_batch(pool, batch, score, price, simulated, best, top_k, tally)
                 batch = []
@@ -167,7 +176,7 @@ def search(
     top = sorted((c for _, _, c in best), key=lambda c: c.objective)
     if objective == "goodput-time":
         top = _by_goodput(top, seeds)
-    mine = _given(given, cluster, stack, score, price) if given is not None else None
+    mine = _given(given, cluster, stack, score, price) if isinstance(given, Plan) else given
     return SearchResult(top, pareto_front(simulated), mine, tally, objective, simulated)
 
 
@@ -179,7 +188,14 @@ def _trades_that_fit(
     gathers). Whether recompute or sharding costs less time depends on the shape, so each level is simulated."""
     out = []
     for recompute in space.recompute:
-        for knob in (k for k in knobs(space, shape.tp) if k.recompute == recompute):
+        level = [k for k in knobs(space, shape.tp) if k.recompute == recompute]
+        lean = Knobs(any(k.sequence_parallel for k in level), recompute, max(k.zero for k in level))
+        leanest = build(plan_data(base, shape, lean), cluster)  # sequence parallel where allowed, most sharding
+        if isinstance(leanest, Plan) and _over(leanest, cluster, stack):
+            tally.seen += len(level)
+            tally.over_memory += len(level)
+            continue  # memory only grows with less sharding
+        for knob in level:
             tally.seen += 1
             plan = build(plan_data(base, shape, knob), cluster)
             if isinstance(plan, str):
@@ -194,6 +210,11 @@ def _trades_that_fit(
                 return out  # fits with no sharding past the optimizer state: more recompute only costs time
             break
     return out
+
+
+def _over(plan: Plan, cluster: Any, stack: Any) -> bool:
+    peak, capacity = memory_of(plan, cluster, stack)
+    return peak > capacity
 
 
 def _run_batch(
@@ -234,10 +255,7 @@ def _given(
     plan: Plan, cluster: Any, stack: Any, score: Callable[[Plan, float], float], price: float
 ) -> Candidate | str:
     """The plan as given, simulated like a candidate; or why it cannot run."""
-    lay = plan.layout
-    shape = Shape(lay.dp, lay.tp, lay.pp, lay.cp, lay.ep, lay.microbatch_size, lay.schedule, lay.virtual_stages,
-                  plan.training.global_batch)  # fmt: skip
-    knob = Knobs(lay.sequence_parallel, lay.recompute, lay.zero)
+    shape, knob = shape_from(plan), knobs_from(plan)
     peak, capacity = memory_of(plan, cluster, stack)
     if peak > capacity:
         return f"{plan.name}: does not fit in memory ({peak:,.1f} of {capacity:,.1f} GiB per GPU)"
@@ -269,6 +287,7 @@ def why_better(a: Candidate, b: Candidate, most: int = 2) -> str:
     scale = b.outcome.step_time_s / per_b
     ranked = sorted(deltas.items(), key=lambda kv: abs(kv[1]), reverse=True)[:most]
     parts = [f"{name} {delta / scale:+.1%}" for name, delta in ranked if abs(delta) > 1e-4 * scale]
+    parts = [p + " of the next's time per token" for p in parts[:1]] + parts[1:]
     if a.shape.gpus != b.shape.gpus:
         parts.append(f"{a.shape.gpus:,} vs {b.shape.gpus:,} GPUs")
     return ", ".join(parts) or "the same step"

@@ -22,10 +22,11 @@ from plan.stack import Stack
 from twin.search.space import Knobs, Shape, plan_data
 from twin.step import schedules
 from twin.step.comm_costs import layer_comm
-from twin.step.context import PredictOptions, step_context
+from twin.step.context import PredictOptions, shape_of, step_context
 from twin.step.costs import layer_costs
+from twin.step.kernels import embedding_cost, head_cost
 from twin.step.memory import stage_layer_ranges
-from twin.step.predict import predict, rank_memory
+from twin.step.predict import predict, rank_memory, straggler_factor
 
 
 @dataclass(frozen=True)
@@ -56,7 +57,7 @@ class Bounds:
 
     def __init__(self, base: Mapping[str, Any], cluster: Cluster, stack: Stack) -> None:
         self.base, self.cluster, self.stack = base, cluster, stack
-        self._layer: dict[tuple[Any, ...], dict[bool, tuple[float, float]]] = {}
+        self._layer: dict[tuple[Any, ...], dict[Any, tuple[float, float]]] = {}
         self._ranks: dict[tuple[Any, ...], list[RankLayers]] = {}
         self.hits = self.misses = 0
 
@@ -64,9 +65,7 @@ class Bounds:
         """Seconds no simulated step of the shape with these knobs is shorter than; None where the loader rejects
         it. For each pipeline rank: its actions run one after another (all of their layers' compute and exposed
         communication), and its first waits for microbatch 0's forward through every earlier stage."""
-        layout = {**self.base["layout"], **shape.layout(), **knob.layout()}
-        lkey = (*(layout.get(k) for k in self.LAYER_KEY), min(shape.gpus, self.cluster.node.gpus), shape.schedule)
-        rkey = (shape.pp, shape.virtual_stages, shape.schedule)
+        lkey, rkey = self._keys(shape, knob)
         if lkey in self._layer and rkey in self._ranks:
             self.hits += 1
         else:
@@ -79,29 +78,70 @@ class Bounds:
             if rkey not in self._ranks:
                 self._ranks[rkey] = _rank_layers(plan)
         cost = self._layer[lkey]
-        dense, moe = cost[False], cost.get(True, (0.0, 0.0))
+        dense, moe, embed, head = cost[False], cost.get(True, (0.0, 0.0)), cost["embedding"], cost["head"]
         m = shape.microbatches
-        return max(
-            m * (r.dense * sum(dense) + r.moe * sum(moe)) + r.dense_before * dense[0] + r.moe_before * moe[0]
+        busiest = max(
+            m * (r.dense * sum(dense) + r.moe * sum(moe) + r.first * sum(embed) + r.last * sum(head))
+            + r.dense_before * dense[0] + r.moe_before * moe[0] + (not r.first) * embed[0]
             for r in self._ranks[rkey]
-        )
+        )  # fmt: skip
+        gpu = self.cluster.accelerator.kind != "cpu"  # a CPU host's skew counts its cores (costs.independent_ranks)
+        return busiest * (straggler_factor(self.cluster, shape.gpus) if gpu else 1.0)
 
-    def _per_layer_s(self, plan: Plan) -> dict[bool, tuple[float, float]]:
+    def _keys(self, shape: Shape, knob: Knobs) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+        layout = {**self.base["layout"], **shape.layout(), **knob.layout()}
+        lkey = (*(layout.get(k) for k in self.LAYER_KEY), min(shape.gpus, self.cluster.node.gpus), shape.schedule)
+        return lkey, (shape.pp, shape.virtual_stages, shape.schedule)
+
+    def _per_layer_s(self, plan: Plan) -> dict[Any, tuple[float, float]]:
         """Forward and backward seconds of one layer's actions for one microbatch (the lesser of the plain and the
-        overlapped-pair costs where DualPipe pairs them)."""
+        overlapped-pair costs where DualPipe pairs them), and the embedding's and the output head's compute."""
         ctx = step_context(plan, self.cluster, PredictOptions(), self.stack)
         full = plan.layout.recompute == "full"
-        out = {}
+        shape = shape_of(ctx)
+        out: dict[Any, tuple[float, float]] = {}
+        for name, extra in (
+            ("embedding", embedding_cost(plan.model, shape, ctx.device)),
+            ("head", head_cost(plan.model, shape, ctx.device, ctx.stack)),
+        ):
+            out[name] = (extra.forward_s, extra.backward_input_s + extra.backward_weight_s)
+            out[("W", name)] = (0.0, extra.backward_weight_s)
         for moe, c in layer_costs(ctx).items():
             options = []
             for paired in (False, True) if plan.layout.schedule == "dualpipe-v" else (False,):
                 comm = layer_comm(ctx, c, moe, paired)
                 fwd = sum(comm[axis][0] for axis in comm)
                 bwd = sum(comm[axis][1] for axis in comm) + (fwd if full else 0.0)
-                backward = c.backward_input_s + c.backward_weight_s + c.recompute_s
-                options.append((c.forward_s + fwd, backward + bwd))
-            out[moe] = min(options, key=sum)
+                options.append((c.forward_s + fwd, c.backward_input_s + c.recompute_s + bwd))
+            forward, backward = min(options, key=sum)
+            out[moe] = (forward, backward + c.backward_weight_s)
+            out[("W", moe)] = (0.0, c.backward_weight_s)
         return out
+
+    def pipeline_s(self, plan: Plan) -> float:
+        """A tighter bound for a plan about to be simulated: the longest path through its schedule's actions, each
+        as long as its layers' compute and exposed communication, every rank running its own in order and waiting
+        for the stage before (forward) or after (backward) — the simulation without transfers, gradient reduction,
+        optimizer and dispatch floors, all of which only add. Costs a few milliseconds; a simulation, tens."""
+        lay, m = plan.layout, plan.model
+        shape, knob = shape_from(plan), knobs_from(plan)
+        if self.step_s(shape, knob) is None:
+            return 0.0
+        cost = self._layer[self._keys(shape, knob)[0]]
+        split = schedules.splits_weight_grad(lay.schedule)
+        durations: dict[tuple[str, int], float] = {}
+        for stage, layers in enumerate(stage_layer_ranges(plan)):
+            kinds = [m.is_moe and i >= m.dense_layers for i in layers]
+            extras = ["embedding"] * (stage == 0) + ["head"] * (stage == lay.num_stages - 1)
+            f = sum(cost[k][0] for k in kinds) + sum(cost[e][0] for e in extras)
+            b = sum(cost[k][1] for k in kinds) + sum(cost[e][1] for e in extras)
+            w = sum(cost[("W", k)][1] for k in [*kinds, *extras]) if split else 0.0
+            durations["F", stage], durations["B", stage], durations["W", stage] = f, b - w, w
+        orders = schedules.build(lay.schedule, lay.pp, lay.virtual_stages, plan.num_microbatches)
+        gpu = self.cluster.accelerator.kind != "cpu"
+        return _longest_path(orders, durations, lay.num_stages) * (
+            straggler_factor(self.cluster, shape.gpus) if gpu else 1.0
+        )
 
 
 @dataclass(frozen=True)
@@ -112,6 +152,54 @@ class RankLayers:
     moe: int
     dense_before: int
     moe_before: int
+    first: bool
+    """Holds the first stage (and the embedding)."""
+    last: bool
+    """Holds the last stage (and the output head)."""
+
+
+def _longest_path(
+    orders: tuple[tuple[schedules.Action, ...], ...], durations: Mapping[tuple[str, int], float], stages: int
+) -> float:
+    """When the last rank finishes if every action takes its duration, each rank runs its order, and an action
+    starts once its rank is free and the action it depends on (the previous stage's forward, the next stage's
+    backward, of the same microbatch) is done."""
+    done: dict[tuple[str, int, int], float] = {}
+    free = [0.0] * len(orders)
+    at = [0] * len(orders)
+    left = sum(len(o) for o in orders)
+    while left:
+        moved = False
+        for rank, order in enumerate(orders):
+            while at[rank] < len(order):
+                a = order[at[rank]]
+                if a.kind == "F" and a.stage > 0:
+                    dep = done.get(("F", a.stage - 1, a.microbatch))
+                elif a.kind == "B" and a.stage < stages - 1:
+                    dep = done.get(("B", a.stage + 1, a.microbatch))
+                else:
+                    dep = 0.0
+                if dep is None:
+                    break
+                free[rank] = max(free[rank], dep) + durations[a.kind, a.stage]
+                done[a.kind, a.stage, a.microbatch] = free[rank]
+                at[rank] += 1
+                left -= 1
+                moved = True
+        if not moved:
+            raise RuntimeError("schedule deadlocks: an action waits on one that never runs")  # a schedules.py bug
+    return max(free)
+
+
+def shape_from(plan: Plan) -> Shape:
+    lay = plan.layout
+    return Shape(lay.dp, lay.tp, lay.pp, lay.cp, lay.ep, lay.microbatch_size, lay.schedule, lay.virtual_stages,
+                 plan.training.global_batch)  # fmt: skip
+
+
+def knobs_from(plan: Plan) -> Knobs:
+    lay = plan.layout
+    return Knobs(lay.sequence_parallel, lay.recompute, lay.zero)
 
 
 def _rank_layers(plan: Plan) -> list[RankLayers]:
@@ -123,7 +211,12 @@ def _rank_layers(plan: Plan) -> list[RankLayers]:
         mine = [i for s in stages for i in ranges[s]]
         before = [i for s in range(min(stages)) for i in ranges[s]]
         is_moe = [m.is_moe and i >= m.dense_layers for i in mine], [m.is_moe and i >= m.dense_layers for i in before]
-        out.append(RankLayers(is_moe[0].count(False), sum(is_moe[0]), is_moe[1].count(False), sum(is_moe[1])))
+        out.append(
+            RankLayers(
+                is_moe[0].count(False), sum(is_moe[0]), is_moe[1].count(False), sum(is_moe[1]),
+                first=0 in stages, last=lay.num_stages - 1 in stages,
+            )
+        )  # fmt: skip
     return out
 
 

@@ -97,15 +97,16 @@ def restrict(space: Space) -> Space:
     return Space(**{**space.__dict__, **axes}) if axes else space
 
 
-def shapes(space: Space, model: Mapping[str, Any]) -> Iterator[Shape]:
+def shapes(space: Space, model: Mapping[str, Any], edge_trim: int = 0) -> Iterator[Shape]:
     """Every shape of `space` that the plan rules allow for `model` (a plan's model section): tp divides the heads,
     the FFN widths and the vocabulary; cp splits the sequence into 2·cp chunks; the stages hold at least one layer
     each; ep divides the experts and dp; the batch is a whole number of microbatches per replica, which the
-    schedule accepts. Per (tp, pp, cp, ep, micro-batch size, schedule): the most data-parallel replicas the GPU
+    schedule accepts (`edge_trim` layers off the first and last stage allow two more stages: layout.edge_stage_trim).
+    Per (tp, pp, cp, ep, micro-batch size, schedule): the most data-parallel replicas the GPU
     range allows with a batch in range, and the batch at both ends of the range it allows them."""
     heads, kv = model["heads"], model.get("kv_heads") or model["heads"]
     widths = [model["ffn_hidden"], model["vocab"]] + ([model["moe_ffn_hidden"]] if model.get("moe_ffn_hidden") else [])
-    experts, layers, seq = model.get("experts") or 0, model["layers"], model["seq_len"]
+    experts, layers, seq = model.get("experts") or 0, model["layers"] + 2 * edge_trim, model["seq_len"]
     lo_gpus, hi_gpus = space.gpus
     for tp, cp, pp in itertools.product(space.tp, space.cp, space.pp):
         if heads % tp or (kv % tp and tp % kv) or any(w % tp for w in widths) or seq % (2 * cp) or pp > layers:
@@ -177,3 +178,9 @@ def plan_data(base: Mapping[str, Any], shape: Shape, knob: Knobs) -> dict[str, A
     """The base plan's data with the shape and knobs set (stage splits follow the new pp)."""
     layout = {k: v for k, v in base["layout"].items() if k != "stage_layers"} | shape.layout() | knob.layout()
     return {**base, "layout": layout, "training": {**base["training"], "global_batch": shape.global_batch}}
+
+
+def neutral(data: Mapping[str, Any]) -> dict[str, Any]:
+    """The plan data on one GPU with one sequence: valid whatever layout and batch were given, for what does not
+    depend on them (the model, the cluster, the stack)."""
+    return {**data, "layout": {"dp": 1}, "training": {**data["training"], "global_batch": 1}}

@@ -90,9 +90,12 @@ def stage_params(plan: Plan, stage: int) -> StageParams:
     """Parameters one rank holds for one model stage, embedding and head included where they live."""
     m, tp = plan.model, plan.layout.tp
     dense = expert = 0.0
-    for layer in stage_layer_ranges(plan)[stage]:
-        p = layer_params(plan, layer)
-        dense, expert = dense + p.dense, expert + p.expert
+    layers = stage_layer_ranges(plan)[stage]
+    moe_layers = max(0, layers.stop - max(layers.start, m.dense_layers)) if m.is_moe else 0
+    for count, layer in ((len(layers) - moe_layers, layers.start), (moe_layers, layers.stop - 1)):
+        if count:  # every dense layer holds the same, as does every MoE layer
+            p = layer_params(plan, layer)
+            dense, expert = dense + count * p.dense, expert + count * p.expert
     last = plan.layout.num_stages - 1
     if stage == 0:
         dense += m.vocab * m.hidden / tp

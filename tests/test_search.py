@@ -1,0 +1,132 @@
+"""`twin search`: pruning never changes the top K, bounds are bounds, every candidate is a valid plan, and the
+command's front door (twin/search/)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Executor
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from plan import loader
+from twin import api
+from twin.cli.app import app
+from twin.search import front
+from twin.search.engine import objective_of, search
+from twin.search.evaluate import Bounds
+from twin.search.space import Space, neutral, shapes
+from twin.step.compute import Device
+
+
+class Inline(Executor):
+    """Simulations in this process: the tests' executor (the process pool is the command's)."""
+
+    def map(self, fn: Callable[..., Any], *iterables: Iterable[Any], **_: Any) -> Iterator[Any]:  # type: ignore[override]
+        return map(fn, *iterables)
+
+
+SMALL = Space(gpus=(1, 32), batch_sequences=(128, 128), tp=(1, 2, 4), cp=(1, 2), pp=(1, 2, 4), microbatch_size=(1, 2))
+
+
+@pytest.fixture(scope="module")
+def base() -> dict[str, Any]:
+    return front.base_of("llama3-8b", "dgx-h100-superpod", []).data
+
+
+@pytest.fixture(scope="module")
+def brute(base: dict[str, Any]) -> Any:
+    return search(base, SMALL, top_k=5, executor=Inline(), exhaustive=True)
+
+
+@pytest.mark.parametrize("objective", ["time", "cost", "mfu"])
+def test_pruning_keeps_the_brute_force_top_k(base: dict[str, Any], brute: Any, objective: str) -> None:
+    probe = loader.validate_plan(neutral(base))
+    cluster = loader.plan_cluster(probe)
+    peak = Device.of(cluster, probe.training.dtype, cluster.node.gpus).peak_flops
+    price = cluster.economics.usd_per_gpu_hour
+    ranked = sorted(brute.simulated, key=lambda c: objective_of(objective, c.plan, c.outcome.step_time_s, price, peak))
+    pruned = search(base, SMALL, objective, 5, executor=Inline())
+    assert [c.label for c in pruned.top] == [c.label for c in ranked[:5]]
+    assert pruned.tally.simulated < brute.tally.simulated / 2  # and the bounds did prune
+    assert pruned.tally.pruned > 0
+
+
+def test_bounds_never_exceed_the_simulated_step(base: dict[str, Any], brute: Any) -> None:
+    probe = loader.validate_plan(neutral(base))
+    bounds = Bounds(base, loader.plan_cluster(probe), loader.plan_stack(probe))
+    assert len(brute.simulated) > 50
+    for c in brute.simulated:
+        cheap, tight = bounds.step_s(c.shape, c.knobs), bounds.pipeline_s(c.plan)
+        assert cheap is not None
+        assert cheap <= tight * (1 + 1e-9) and tight <= c.outcome.step_time_s * (1 + 1e-9), c.label
+
+
+def test_every_candidate_is_a_plan_validate_accepts(brute: Any) -> None:
+    for c in brute.simulated[:40]:
+        check = api.validate(c.plan)
+        assert check.ok, (c.label, check.reasons)
+        assert c.plan.layout.world_size <= SMALL.gpus[1]
+        assert c.plan.training.global_batch == SMALL.batch_sequences[0]
+
+
+def test_shapes_follow_the_rules_they_restate(base: dict[str, Any]) -> None:
+    seen = list(shapes(SMALL, base["model"]))
+    assert seen and all(s.gpus <= 64 and s.global_batch % (s.dp * s.microbatch_size) == 0 for s in seen)
+    assert all(s.microbatches % s.pp == 0 for s in seen if s.schedule == "interleaved-1f1b")
+    assert all(s.microbatches >= 2 * s.pp for s in seen if s.schedule in ("zbv", "dualpipe-v"))
+    heads = base["model"]["heads"]
+    assert all(heads % s.tp == 0 for s in seen)
+
+
+def test_fix_pins_an_axis_and_the_pareto_front_is_undominated(base: dict[str, Any]) -> None:
+    space = Space(**{**SMALL.__dict__, "fixed": {"layout.tp": 2}})
+    result = search(base, space, top_k=3, executor=Inline())
+    assert result.top and all(c.shape.tp == 2 for c in result.simulated)
+    for a in result.pareto:
+        for b in result.simulated:
+            better = (b.outcome.days_to_train, b.shape.gpus, -b.headroom_GiB)
+            mine = (a.outcome.days_to_train, a.shape.gpus, -a.headroom_GiB)
+            assert not (all(x <= y for x, y in zip(better, mine, strict=True)) and better != mine)
+
+
+def test_a_plan_that_cannot_run_is_reported_and_searched_past() -> None:
+    pins = ["layout.tp=8", "layout.cp=1", "layout.microbatch_size=1", "layout.pp=16", "layout.virtual_stages=8",
+            "layout.schedule=interleaved-1f1b"]  # fmt: skip
+    result, _ = front.run(
+        "llama3-405b-16k", overrides=["training.global_batch=1000"], gpus=16384, batch_tokens=(8e6, 17e6), top=2,
+        workers=1, fixes=pins,
+    )  # fmt: skip
+    assert isinstance(result.given, str) and "not a multiple of dp" in result.given
+    assert result.top and all(c.plan.layout.pp == 16 and c.plan.layout.dp == 128 for c in result.top)
+
+
+def test_the_command_prints_json_and_refuses_bad_input() -> None:
+    runner = CliRunner()
+    args = ["search", "llama3-8b", "--cluster", "dgx-h100-superpod", "--gpus", "16", "--batch-tokens", "1048576",
+            "--top", "2", "--workers", "1", "--fix", "layout.cp=1", "--fix", "layout.microbatch_size=1",
+            "--json"]  # fmt: skip
+    out = runner.invoke(app, args)
+    assert out.exit_code == 0, out.output
+    data = json.loads(out.stdout)
+    assert len(data["top"]) == 2 and data["top"][0]["objective"] <= data["top"][1]["objective"]
+    assert data["top"][0]["beats_next_by"] and data["tally"]["simulated"] >= 2
+    for bad, says in (
+        (["search", "llama3-8b"], "--cluster"),
+        (["search", "llama3-8b", "--cluster", "dgx-h100-superpod", "--objective", "speed"], "--objective"),
+        (["search", "llama3-8b", "--cluster", "dgx-h100-superpod", "--gpus-range", "64:8"], "empty"),
+        (["search", "cpu-tiny", "--sweep", "layout.tp"], "section.field=a,b,c"),
+    ):
+        res = runner.invoke(app, bad)
+        assert res.exit_code == 2 and says in res.output, (bad, res.output)
+
+
+def test_sweep_compares_variants_and_says_why_one_cannot_run() -> None:
+    table = api.sweep("gpt3-175b-1k", ["layout.pp=8,16", "layout.tp=8,7"], ["layout.dp=8"])
+    assert len(table) == 4
+    ok = table[table["ok"]]
+    assert set(ok["layout.pp"]) == {"8", "16"} and (ok["step_time_s"] > 0).all()
+    assert table[~table["ok"]]["reason"].str.contains("layout.tp: 7 does not divide").all()
+    assert set(ok["gpus"]) == {512, 1024}
