@@ -4,8 +4,8 @@ command's front door (twin/search/)."""
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import Executor
+from collections.abc import Callable
+from concurrent.futures import Executor, Future
 from typing import Any
 
 import pytest
@@ -24,8 +24,10 @@ from twin.step.compute import Device
 class Inline(Executor):
     """Simulations in this process: the tests' executor (the process pool is the command's)."""
 
-    def map(self, fn: Callable[..., Any], *iterables: Iterable[Any], **_: Any) -> Iterator[Any]:  # type: ignore[override]
-        return map(fn, *iterables)
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
+        fut: Future[Any] = Future()
+        fut.set_result(fn(*args, **kwargs))
+        return fut
 
 
 SMALL = Space(gpus=(1, 32), batch_sequences=(128, 128), tp=(1, 2, 4), cp=(1, 2), pp=(1, 2, 4), microbatch_size=(1, 2))
@@ -130,3 +132,18 @@ def test_sweep_compares_variants_and_says_why_one_cannot_run() -> None:
     assert set(ok["layout.pp"]) == {"8", "16"} and (ok["step_time_s"] > 0).all()
     assert table[~table["ok"]]["reason"].str.contains("layout.tp: 7 does not divide").all()
     assert set(ok["gpus"]) == {512, 1024}
+
+
+@pytest.mark.slow
+def test_a_local_ray_instance_finds_what_the_process_pool_finds(base: dict[str, Any]) -> None:
+    pytest.importorskip("ray")
+    from twin.search.distributed import ray_executor
+
+    space = Space(**{**SMALL.__dict__, "fixed": {"layout.cp": 1, "layout.microbatch_size": 1}})
+    local = search(base, space, top_k=3, workers=2)
+    executor = ray_executor("local", workers=2)
+    try:
+        on_ray = search(base, space, top_k=3, executor=executor)
+    finally:
+        executor.shutdown()
+    assert [(c.label, c.objective) for c in on_ray.top] == [(c.label, c.objective) for c in local.top]

@@ -375,15 +375,29 @@ def search(
     progress: Callable[[Tally], None] | None = None,
     seeds: int = 3,
     limits: Limits = DEFAULT_LIMITS,
+    ray: str | None = None,
 ) -> SearchResult:
     """The best layouts of a model preset on `cluster` (or of a plan's model on its own cluster): the `top` by
     `objective` (time, cost, mfu or goodput-time), the Pareto front over time to train, GPUs and memory headroom, and
     the plan as given (simulated, or why it cannot run). `gpus`: at most N, or a (fewest, most) range to explore;
-    `batch_tokens`: a batch or a (low, high) range; `fix`: `section.field=value` pins (see twin/search/)."""
+    `batch_tokens`: a batch or a (low, high) range; `fix`: `section.field=value` pins; `ray`: simulate on a Ray
+    cluster (an address, or "local") instead of this machine's process pool (see twin/search/)."""
     from twin.search import front
 
     return front.run(
-        model_or_plan, cluster, overrides, gpus, batch_tokens, objective, top, fix, workers, progress, seeds, limits
+        model_or_plan,
+        cluster,
+        overrides,
+        gpus,
+        batch_tokens,
+        objective,
+        top,
+        fix,
+        workers,
+        progress,
+        seeds,
+        limits,
+        ray,
     )[0]
 
 

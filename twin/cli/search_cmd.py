@@ -37,6 +37,9 @@ def search_command(
     ] = None,
     overrides: SetOpt = None,
     workers: Annotated[int | None, typer.Option("--workers", help="Worker processes (default: every core).")] = None,
+    ray: Annotated[
+        str | None, typer.Option("--ray", help="Simulate on a Ray cluster: ADDRESS, or 'local' (the 'ray' extra).")
+    ] = None,
     seeds: Annotated[int, typer.Option("--seeds", help="Seeds per finalist for --objective goodput-time.")] = 3,
     csv: Annotated[Path | None, typer.Option("--csv", help="Write every simulated layout (or variant) as CSV.")] = None,
     as_json: JsonOpt = False,
@@ -69,7 +72,7 @@ def search_command(
 
         result, notes = front.run(
             source, cluster, overrides or [], gpu_arg, batch_arg, objective, top, fix or [], workers, shown, seeds,
-            limits,
+            limits, ray,
         )  # fmt: skip
     if csv is not None:
         rows = [front.row(c, c.plan.model.seq_len) for c in result.simulated]

@@ -14,7 +14,7 @@ from __future__ import annotations
 import heapq
 import os
 from collections.abc import Callable, Iterable, Mapping
-from concurrent.futures import Executor, ProcessPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Executor, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
@@ -145,35 +145,49 @@ def search(
     bounded.sort(key=lambda item: item[0])
 
     pool = executor or ProcessPoolExecutor(max_workers=workers or os.cpu_count() or 1)
-    best: list[tuple[float, int, Candidate]] = []  # max-heap by objective (negated) of the top K
+    in_flight = 2 * (workers or os.cpu_count() or 1)  # enough to keep every worker busy while this one prunes
+    best: list[tuple[float, tuple[Any, ...], Candidate]] = []  # max-heap by objective (negated) of the top K
     simulated: list[Candidate] = []
-    batch: list[tuple[Shape, Knobs, Plan]] = []
+    pending: dict[Future[Outcome], tuple[Shape, Knobs, Plan]] = {}
+
+    def collect(done: Iterable[Future[Outcome]]) -> None:
+        for fut in done:
+            shape, knob, plan = pending.pop(fut)
+            outcome = fut.result()
+            tally.simulated += 1
+            cand = Candidate(shape, knob, plan, outcome, outcome.gpu_hours * price, score(plan, outcome.step_time_s))
+            simulated.append(cand)
+            entry = (-cand.objective, _order(cand), cand)
+            if len(best) < top_k:
+                heapq.heappush(best, entry)
+            elif entry[:2] > best[0][:2]:
+                heapq.heapreplace(best, entry)
+
+    def beaten(objective: float) -> bool:
+        """No layout of this objective or worse can enter the top K (pruning waits for the K-th result)."""
+        return not exhaustive and len(best) >= top_k and objective >= -best[0][0]
+
     try:
         for i, (bound, shape) in enumerate(bounded):
-            if not exhaustive and len(best) >= top_k and bound >= -best[0][0]:
+            if beaten(bound):
                 tally.pruned += len(bounded) - i
                 break
-            for trade in _trades_that_fit(base, shape, space, cluster, stack, tally):
-                if (
-                    not exhaustive
-                    and len(best) >= top_k
-                    and score(trade[2], bounds.pipeline_s(trade[2])) >= -best[0][0]
-                ):
-                    tally.pruned += 1
+            for shape_, knob, plan in _trades_that_fit(base, shape, space, cluster, stack, tally):
+                if beaten(score(plan, bounds.pipeline_s(plan))):
+                    tally.pruned += 1  # its pipeline alone cannot beat the K-th best
                     continue
-                batch.append(trade)
-            if len(batch) >= 2 * (workers or os.cpu_count() or 1) or i == len(bounded) - 1:
-                _run_batch(pool, batch, score, price, simulated, best, top_k, tally)
-                batch = []
-                if progress:
-                    progress(tally)
-        if batch:
-            _run_batch(pool, batch, score, price, simulated, best, top_k, tally)
+                pending[pool.submit(simulate, plan.model_dump(mode="json"))] = (shape_, knob, plan)
+                while len(pending) >= in_flight:
+                    collect(wait(pending, return_when=FIRST_COMPLETED).done)
+            if progress:
+                progress(tally)
+        collect(wait(pending).done)
     finally:
         if executor is None:
-            pool.shutdown()
+            pool.shutdown(cancel_futures=True)
     tally.cost_cache_hits = bounds.hits
-    top = sorted((c for _, _, c in best), key=lambda c: c.objective)
+    top = sorted((c for _, _, c in best), key=lambda c: (c.objective, _order(c)))
+    simulated.sort(key=lambda c: (c.objective, _order(c)))
     if objective == "goodput-time":
         top = _by_goodput(top, seeds)
     mine = _given(given, cluster, stack, score, price) if isinstance(given, Plan) else given
@@ -217,26 +231,9 @@ def _over(plan: Plan, cluster: Any, stack: Any) -> bool:
     return peak > capacity
 
 
-def _run_batch(
-    pool: Executor,
-    batch: list[tuple[Shape, Knobs, Plan]],
-    score: Callable[[Plan, float], float],
-    price: float,
-    simulated: list[Candidate],
-    best: list[tuple[float, int, Candidate]],
-    top_k: int,
-    tally: Tally,
-) -> None:
-    datas = [plan.model_dump(mode="json") for _, _, plan in batch]
-    for (shape, knob, plan), outcome in zip(batch, pool.map(simulate, datas), strict=True):
-        tally.simulated += 1
-        cand = Candidate(shape, knob, plan, outcome, outcome.gpu_hours * price, score(plan, outcome.step_time_s))
-        simulated.append(cand)
-        entry = (-cand.objective, len(simulated), cand)
-        if len(best) < top_k:
-            heapq.heappush(best, entry)
-        elif cand.objective < -best[0][0]:
-            heapq.heapreplace(best, entry)
+def _order(c: Candidate) -> tuple[Any, ...]:
+    """A fixed order among equal objectives, so a result does not depend on which worker finished first."""
+    return (c.shape, c.knobs.recompute, c.knobs.zero, c.knobs.sequence_parallel)
 
 
 def _by_goodput(top: list[Candidate], seeds: int) -> list[Candidate]:

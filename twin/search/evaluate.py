@@ -21,9 +21,9 @@ from plan.schema import Plan
 from plan.stack import Stack
 from twin.search.space import Knobs, Shape, plan_data
 from twin.step import schedules
-from twin.step.comm_costs import layer_comm
+from twin.step.comm_costs import dp_costs, layer_comm
 from twin.step.context import PredictOptions, shape_of, step_context
-from twin.step.costs import layer_costs
+from twin.step.costs import NORM_REDUCTION_BYTES, layer_costs, optimizer_s
 from twin.step.kernels import embedding_cost, head_cost
 from twin.step.memory import stage_layer_ranges
 from twin.step.predict import predict, rank_memory, straggler_factor
@@ -121,8 +121,9 @@ class Bounds:
     def pipeline_s(self, plan: Plan) -> float:
         """A tighter bound for a plan about to be simulated: the longest path through its schedule's actions, each
         as long as its layers' compute and exposed communication, every rank running its own in order and waiting
-        for the stage before (forward) or after (backward) — the simulation without transfers, gradient reduction,
-        optimizer and dispatch floors, all of which only add. Costs a few milliseconds; a simulation, tens."""
+        for the stage before (forward) or after (backward); then the gradient reduction its buckets do not overlap,
+        the step-end barrier and the optimizer. The simulation without transfers, bucket queues, parameter gathers
+        and dispatch floors, which only add. Costs a few milliseconds; a simulation, tens."""
         lay, m = plan.layout, plan.model
         shape, knob = shape_from(plan), knobs_from(plan)
         if self.step_s(shape, knob) is None:
@@ -138,10 +139,20 @@ class Bounds:
             w = sum(cost[("W", k)][1] for k in [*kinds, *extras]) if split else 0.0
             durations["F", stage], durations["B", stage], durations["W", stage] = f, b - w, w
         orders = schedules.build(lay.schedule, lay.pp, lay.virtual_stages, plan.num_microbatches)
+        finish = _longest_path(orders, durations, lay.num_stages)
+        # then every rank reduces what its buckets did not overlap, meets the others at the gradient-norm
+        # all-reduce (a barrier) and steps its optimizer: all of it after its last action
+        ctx = step_context(plan, self.cluster, PredictOptions(), self.stack)
+        reduce_s, _, _ = dp_costs(ctx)
+        after = [
+            finish[r] + (1 - ctx.dp_overlap) * sum(reduce_s.get(s, 0.0) for s in range(lay.num_stages)
+                                                   if schedules.stage_rank(lay.schedule, lay.pp, s) == r)
+            for r in range(lay.pp)
+        ]  # fmt: skip
+        barrier = ctx.time("all_reduce", NORM_REDUCTION_BYTES, ctx.span("dp", "pp", "cp", "tp"))
+        step = max(after) + barrier + max(optimizer_s(ctx).values())
         gpu = self.cluster.accelerator.kind != "cpu"
-        return _longest_path(orders, durations, lay.num_stages) * (
-            straggler_factor(self.cluster, shape.gpus) if gpu else 1.0
-        )
+        return step * (straggler_factor(self.cluster, shape.gpus) if gpu else 1.0)
 
 
 @dataclass(frozen=True)
@@ -160,10 +171,10 @@ class RankLayers:
 
 def _longest_path(
     orders: tuple[tuple[schedules.Action, ...], ...], durations: Mapping[tuple[str, int], float], stages: int
-) -> float:
-    """When the last rank finishes if every action takes its duration, each rank runs its order, and an action
-    starts once its rank is free and the action it depends on (the previous stage's forward, the next stage's
-    backward, of the same microbatch) is done."""
+) -> list[float]:
+    """When each rank finishes if every action takes its duration, each rank runs its order, and an action starts
+    once its rank is free and the action it depends on (the previous stage's forward, the next stage's backward,
+    of the same microbatch) is done."""
     done: dict[tuple[str, int, int], float] = {}
     free = [0.0] * len(orders)
     at = [0] * len(orders)
@@ -188,7 +199,7 @@ def _longest_path(
                 moved = True
         if not moved:
             raise RuntimeError("schedule deadlocks: an action waits on one that never runs")  # a schedules.py bug
-    return max(free)
+    return free
 
 
 def shape_from(plan: Plan) -> Shape:

@@ -15,6 +15,7 @@ from plan.errors import PlanError
 from plan.limits import DEFAULT_LIMITS, Limits
 from plan.model_math import param_count
 from plan.schema import Plan
+from twin.search.distributed import ray_executor
 from twin.search.engine import Candidate, SearchResult, Tally, search, why_better
 from twin.search.space import Space, neutral
 
@@ -121,13 +122,20 @@ def run(
     progress: Callable[[Tally], None] | None = None,
     seeds: int = 3,
     limits: Limits = DEFAULT_LIMITS,
+    ray: str | None = None,
 ) -> tuple[SearchResult, tuple[str, ...]]:
-    """The search, from what a user types; the result and what it assumed."""
+    """The search, from what a user types; the result and what it assumed. `ray`: simulate on a Ray cluster
+    ("local" starts one here; twin/search/distributed.py) instead of this machine's process pool."""
     if top < 1:
         raise PlanError(f"--top {top}: ask for at least one layout")
     base = base_of(source, cluster, overrides, limits)
     space, notes = space_of(base, gpus, batch_tokens, fixes, limits)
-    result = search(base.data, space, objective, top, workers, progress=progress, given=base.given, seeds=seeds)
+    executor = ray_executor(ray, workers) if ray else None
+    try:
+        result = search(base.data, space, objective, top, workers, executor, progress, given=base.given, seeds=seeds)
+    finally:
+        if executor is not None:
+            executor.shutdown()
     return result, base.notes + notes
 
 
