@@ -147,3 +147,12 @@ def test_a_local_ray_instance_finds_what_the_process_pool_finds(base: dict[str, 
     finally:
         executor.shutdown()
     assert [(c.label, c.objective) for c in on_ray.top] == [(c.label, c.objective) for c in local.top]
+
+
+def test_goodput_time_reranks_the_finalists_by_whole_run_days(base: dict[str, Any]) -> None:
+    space = Space(**{**SMALL.__dict__, "fixed": {"layout.cp": 1, "layout.microbatch_size": 1, "layout.tp": 2}})
+    result = search(base, space, "goodput-time", 2, executor=Inline(), seeds=1)
+    assert len(result.top) == 2 and all(c.run_wall_days for c in result.top)
+    assert result.top[0].objective <= result.top[1].objective
+    for c in result.top:  # the run takes at least its failure-free days
+        assert c.objective == c.run_wall_days and c.run_wall_days >= c.outcome.days_to_train * (1 - 1e-9)

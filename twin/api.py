@@ -11,7 +11,6 @@ users' own scripts all go through.
     launch = api.execute("cpu-tiny", steps=5)      # run the layout for real under torchrun
     fitted = api.calibrate([launch.run_dir], "localhost-cpu")
     best = api.search("llama3-70b", cluster="dgx-h100-superpod", gpus=2048, batch_tokens=8 * 2**20)
-    table = api.sweep("llama3-405b-16k", ["layout.pp=8,16", "cluster.fabric.tiers.1.bandwidth_GBps=50,100"])
 
 A plan argument is anything `load_plan` takes: a Plan, a preset name, a YAML path or a mapping. Bad input raises
 `plan.PlanError` with one line naming the field and the fix; nothing here prints.
@@ -377,33 +376,17 @@ def search(
     limits: Limits = DEFAULT_LIMITS,
     ray: str | None = None,
 ) -> SearchResult:
-    """The best layouts of a model preset on `cluster` (or of a plan's model on its own cluster): the `top` by
-    `objective` (time, cost, mfu or goodput-time), the Pareto front over time to train, GPUs and memory headroom, and
-    the plan as given (simulated, or why it cannot run). `gpus`: at most N, or a (fewest, most) range to explore;
-    `batch_tokens`: a batch or a (low, high) range; `fix`: `section.field=value` pins; `ray`: simulate on a Ray
-    cluster (an address, or "local") instead of this machine's process pool (see twin/search/)."""
+    """The `top` layouts of a model preset on `cluster` (or a plan's model on its cluster) by `objective` (time,
+    cost, mfu, goodput-time), the Pareto front, and the plan as given. `gpus`: at most N or a (fewest, most)
+    range; `batch_tokens`: a batch or a range; `fix`: pins; `ray`: an address or "local" (see twin/search/)."""
     from twin.search import front
 
-    return front.run(
-        model_or_plan,
-        cluster,
-        overrides,
-        gpus,
-        batch_tokens,
-        objective,
-        top,
-        fix,
-        workers,
-        progress,
-        seeds,
-        limits,
-        ray,
-    )[0]
+    options = (gpus, batch_tokens, objective, top, fix, workers, progress, seeds, limits, ray)
+    return front.run(model_or_plan, cluster, overrides, *options)[0]
 
 
 def sweep(plan: str, fields: Sequence[str], overrides: Iterable[str] = ()) -> pd.DataFrame:
-    """Every combination of `fields` (each `section.field=a,b,c`, plan or cluster fields) predicted, a row each;
-    a variant that is not a valid plan, or does not fit, has its reason instead."""
+    """Every combination of `fields` (each `section.field=a,b,c`) predicted, a row each (or why it cannot run)."""
     from twin.search import front
 
     return front.sweep(plan, fields, overrides)

@@ -204,6 +204,9 @@ def summarise(runs: list[RunPrediction]) -> dict[str, dict[str, float]]:
     out: dict[str, dict[str, float]] = {}
     for name in SUMMARY_FIELDS:
         values = np.array([getattr(r, name) for r in runs], dtype=float)
+        if (values == values[0]).all():  # also every run failure-free (MTBF inf), where interpolating gives inf - inf
+            out[name] = dict.fromkeys(("mean", "p5", "p95"), float(values[0]))
+            continue
         out[name] = {
             "mean": float(values.mean()),
             "p5": float(np.percentile(values, 5)),
