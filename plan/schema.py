@@ -367,6 +367,15 @@ class Plan(UserSection):
         counts[-1] -= trim
         return tuple(counts)
 
+    @cached_property
+    def stage_layer_ranges(self) -> tuple[range, ...]:
+        """The model layers of each stage, in model order (indices into the model's layers)."""
+        ranges, start = [], 0
+        for count in self.stage_layer_counts:
+            ranges.append(range(start, start + count))
+            start += count
+        return tuple(ranges)
+
 
 def split_layers(layers: int, stages: int) -> tuple[int, ...]:
     """Split `layers` over `stages`, trimming the outermost stages first (see Plan.stage_layer_counts)."""

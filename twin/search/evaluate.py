@@ -21,11 +21,12 @@ from plan.schema import Plan
 from plan.stack import Stack
 from twin.search.space import Knobs, Shape, plan_data
 from twin.step import schedules
-from twin.step.comm_costs import dp_costs, layer_comm
+from twin.step.comm_costs import dp_costs, layer_comm, p2p_costs
 from twin.step.context import PredictOptions, shape_of, step_context
 from twin.step.costs import NORM_REDUCTION_BYTES, layer_costs, optimizer_s
 from twin.step.kernels import embedding_cost, head_cost
 from twin.step.memory import stage_layer_ranges
+from twin.step.pipeline import PipelineInput
 from twin.step.predict import predict, rank_memory, straggler_factor
 
 
@@ -121,9 +122,10 @@ class Bounds:
     def pipeline_s(self, plan: Plan) -> float:
         """A tighter bound for a plan about to be simulated: the longest path through its schedule's actions, each
         as long as its layers' compute and exposed communication, every rank running its own in order and waiting
-        for the stage before (forward) or after (backward); then the gradient reduction its buckets do not overlap,
-        the step-end barrier and the optimizer. The simulation without transfers, bucket queues, parameter gathers
-        and dispatch floors, which only add. Costs a few milliseconds; a simulation, tens."""
+        for the stage before (forward) or after (backward) and its transfer; then the gradient buckets on the rank's
+        link, the reduction they do not overlap, the step-end barrier and the optimizer. The simulation without
+        link contention, parameter gathers and dispatch floors, which only add. Costs a few milliseconds; a
+        simulation, tens."""
         lay, m = plan.layout, plan.model
         shape, knob = shape_from(plan), knobs_from(plan)
         if self.step_s(shape, knob) is None:
@@ -138,17 +140,26 @@ class Bounds:
             b = sum(cost[k][1] for k in kinds) + sum(cost[e][1] for e in extras)
             w = sum(cost[("W", k)][1] for k in [*kinds, *extras]) if split else 0.0
             durations["F", stage], durations["B", stage], durations["W", stage] = f, b - w, w
-        orders = schedules.build(lay.schedule, lay.pp, lay.virtual_stages, plan.num_microbatches)
-        finish = _longest_path(orders, durations, lay.num_stages)
-        # then every rank reduces what its buckets did not overlap, meets the others at the gradient-norm
-        # all-reduce (a barrier) and steps its optimizer: all of it after its last action
         ctx = step_context(plan, self.cluster, PredictOptions(), self.stack)
+        owner = [schedules.stage_rank(lay.schedule, lay.pp, s) for s in range(lay.num_stages)]
+        orders = schedules.build(lay.schedule, lay.pp, lay.virtual_stages, plan.num_microbatches)
+        finish, done = _longest_path(orders, durations, owner, p2p_costs(ctx))
+        # each stage's gradient buckets queue on its rank's data-parallel link as its final backward runs (the
+        # last one ready only as that action ends); then the rank reduces what its buckets did not overlap, meets
+        # the others at the gradient-norm all-reduce (a barrier) and steps its optimizer
         reduce_s, _, _ = dp_costs(ctx)
-        after = [
-            finish[r] + (1 - ctx.dp_overlap) * sum(reduce_s.get(s, 0.0) for s in range(lay.num_stages)
-                                                   if schedules.stage_rank(lay.schedule, lay.pp, s) == r)
-            for r in range(lay.pp)
-        ]  # fmt: skip
+        final = "W" if split else "B"
+        after = []
+        for r in range(lay.pp):
+            mine = [s for s in range(lay.num_stages) if owner[s] == r]
+            ready = finish[r]
+            if ctx.dp_overlap > 0:
+                ends = {s: done[final, s] for s in mine}
+                per_bucket = {s: ctx.dp_overlap * reduce_s.get(s, 0.0) / BUCKETS for s in mine}
+                first = min(ends[s] - durations[final, s] * (1 - 1 / BUCKETS) for s in mine)
+                link = max(first + BUCKETS * sum(per_bucket.values()), *(ends[s] + per_bucket[s] for s in mine))
+                ready = max(ready, link)
+            after.append(ready + (1 - ctx.dp_overlap) * sum(reduce_s.get(s, 0.0) for s in mine))
         barrier = ctx.time("all_reduce", NORM_REDUCTION_BYTES, ctx.span("dp", "pp", "cp", "tp"))
         step = max(after) + barrier + max(optimizer_s(ctx).values())
         gpu = self.cluster.accelerator.kind != "cpu"
@@ -170,36 +181,46 @@ class RankLayers:
 
 
 def _longest_path(
-    orders: tuple[tuple[schedules.Action, ...], ...], durations: Mapping[tuple[str, int], float], stages: int
-) -> list[float]:
-    """When each rank finishes if every action takes its duration, each rank runs its order, and an action starts
-    once its rank is free and the action it depends on (the previous stage's forward, the next stage's backward,
-    of the same microbatch) is done."""
+    orders: tuple[tuple[schedules.Action, ...], ...],
+    durations: Mapping[tuple[str, int], float],
+    owner: list[int],
+    p2p_s: Mapping[tuple[int, int], float],
+) -> tuple[list[float], dict[tuple[str, int], float]]:
+    """When each rank finishes, and when the last action of each kind on each stage ends, if every action takes its
+    duration, each rank runs its order, and an action starts once its rank is free and the action it depends on (the
+    previous stage's forward, the next stage's backward, of the same microbatch) is done — and its result sent,
+    where the two stages are on different ranks (`owner`), which takes at least the transfer's time (`p2p_s`)."""
     done: dict[tuple[str, int, int], float] = {}
+    last_end: dict[tuple[str, int], float] = {}
     free = [0.0] * len(orders)
     at = [0] * len(orders)
     left = sum(len(o) for o in orders)
+    last = len(owner) - 1
     while left:
         moved = False
         for rank, order in enumerate(orders):
             while at[rank] < len(order):
                 a = order[at[rank]]
-                if a.kind == "F" and a.stage > 0:
-                    dep = done.get(("F", a.stage - 1, a.microbatch))
-                elif a.kind == "B" and a.stage < stages - 1:
-                    dep = done.get(("B", a.stage + 1, a.microbatch))
-                else:
+                source = a.stage - 1 if a.kind == "F" else a.stage + 1
+                if a.kind == "W" or (a.kind == "F" and a.stage == 0) or (a.kind == "B" and a.stage == last):
                     dep = 0.0
-                if dep is None:
-                    break
+                else:
+                    sent = done.get((a.kind, source, a.microbatch))
+                    if sent is None:
+                        break
+                    dep = sent + (p2p_s.get((source, a.stage), 0.0) if owner[source] != rank else 0.0)
                 free[rank] = max(free[rank], dep) + durations[a.kind, a.stage]
-                done[a.kind, a.stage, a.microbatch] = free[rank]
+                done[a.kind, a.stage, a.microbatch] = last_end[a.kind, a.stage] = free[rank]
                 at[rank] += 1
                 left -= 1
                 moved = True
         if not moved:
             raise RuntimeError("schedule deadlocks: an action waits on one that never runs")  # a schedules.py bug
-    return free
+    return free, last_end
+
+
+BUCKETS: int = PipelineInput.__dataclass_fields__["buckets"].default  # type: ignore[assignment]
+"""Gradient buckets per stage, as predict simulates them."""
 
 
 def shape_from(plan: Plan) -> Shape:

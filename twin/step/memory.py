@@ -77,13 +77,9 @@ def layer_params(plan: Plan, layer: int) -> StageParams:
     return StageParams(dense + mlp_params(m, m.ffn_hidden) / lay.tp, 0.0)
 
 
-def stage_layer_ranges(plan: Plan) -> list[range]:
-    """The model layers of each stage, in model order."""
-    ranges, start = [], 0
-    for count in plan.stage_layer_counts:
-        ranges.append(range(start, start + count))
-        start += count
-    return ranges
+def stage_layer_ranges(plan: Plan) -> tuple[range, ...]:
+    """The model layers of each stage, in model order (computed once per plan)."""
+    return plan.stage_layer_ranges
 
 
 def stage_params(plan: Plan, stage: int) -> StageParams:
