@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ValidationError
 
 from plan.cluster import AcceleratorFile, Cluster
-from plan.files import PlanError, format_validation_error, read_yaml
+from plan.files import PlanError, format_validation_error, read_yaml, resolve_file
 
 TOPOLOGY_DIR = Path(__file__).resolve().parent.parent / "topologies"
 ALL = "*"
@@ -35,20 +35,11 @@ def cluster_names() -> list[str]:
 
 def resolve_cluster_path(name: str, relative_to: Path | None = None) -> Path:
     """The file of a cluster name (topologies/NAME.yaml) or path (absolute, or relative to the plan file)."""
-    catalogue = TOPOLOGY_DIR / f"{name}.yaml"
-    if catalogue.is_file():
-        return catalogue
-    path = Path(name)
-    candidates = [path] if path.is_absolute() else [Path.cwd() / path]
-    if relative_to is not None and not path.is_absolute():
-        candidates.insert(0, relative_to.parent / path)
-    for candidate in candidates:
-        if candidate.is_file():
-            return candidate
-    raise PlanError(
+    unknown = (
         f"cluster: unknown cluster {name!r}; name a file in topologies/ ({', '.join(cluster_names())}) "
         "or give a path to a cluster YAML"
     )
+    return resolve_file(name, TOPOLOGY_DIR, relative_to, unknown)
 
 
 @dataclass(frozen=True)

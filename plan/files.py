@@ -212,3 +212,19 @@ def parse_override(item: str, limits: Limits = DEFAULT_LIMITS) -> tuple[list[str
         return path, raw  # not YAML: the text as written (a name, a path)
     except RecursionError:
         raise PlanError(f"--set {key.strip()}: value nested too deeply; write it out plainly") from None
+
+
+def resolve_file(name: str, catalogue: Path, relative_to: Path | None, unknown: str) -> Path:
+    """The file a plan names: `catalogue`/NAME.yaml, else a YAML path (absolute, or relative to the plan file
+    `relative_to`, then to the working directory); PlanError `unknown` otherwise."""
+    entry = catalogue / f"{name}.yaml"
+    if entry.is_file():
+        return entry
+    path = Path(name)
+    candidates = [path] if path.is_absolute() else [Path.cwd() / path]
+    if relative_to is not None and not path.is_absolute():
+        candidates.insert(0, relative_to.parent / path)
+    for candidate in candidates:
+        if candidate.suffix in (".yaml", ".yml") and candidate.is_file():
+            return candidate
+    raise PlanError(unknown)

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from plan.clusters import WhatIf, load_what_if
-from plan.files import PlanError
+from plan.files import resolve_file
 from plan.stack import Stack
 
 STACK_DIR = Path(__file__).resolve().parent / "presets" / "stacks"
@@ -21,19 +21,8 @@ def stack_names() -> list[str]:
 
 def resolve_stack_path(name: str, relative_to: Path | None = None) -> Path:
     """The file of a stack name (plan/presets/stacks/NAME.yaml) or path (absolute, or relative to the plan)."""
-    catalogue = STACK_DIR / f"{name}.yaml"
-    if catalogue.is_file():
-        return catalogue
-    path = Path(name)
-    candidates = [path] if path.is_absolute() else [Path.cwd() / path]
-    if relative_to is not None and not path.is_absolute():
-        candidates.insert(0, relative_to.parent / path)
-    for candidate in candidates:
-        if candidate.suffix in (".yaml", ".yml") and candidate.is_file():
-            return candidate
-    raise PlanError(
-        f"stack: unknown stack {name!r}; name one of {', '.join(stack_names())} or give a path to a stack YAML"
-    )
+    unknown = f"stack: unknown stack {name!r}; name one of {', '.join(stack_names())} or give a path to a stack YAML"
+    return resolve_file(name, STACK_DIR, relative_to, unknown)
 
 
 def load_stack_what_if(
