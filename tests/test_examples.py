@@ -16,6 +16,7 @@ from plan.records import StepRecord, iter_records
 ROOT = Path(__file__).resolve().parent.parent
 
 
+@pytest.mark.slow  # a real 8-rank gang for a few steps: about 30 s on 2 cores
 @pytest.mark.timeout(600)
 def test_simulate_then_execute_example(tmp_path: Path) -> None:
     out = tmp_path / "run"

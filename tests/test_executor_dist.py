@@ -130,6 +130,7 @@ def test_more_layouts_match_single_process(nproc: int, variants: dict, reference
     assert not failures, "\n".join(failures)
 
 
+@pytest.mark.slow  # the README's 8-rank execute example: about 20 s on 2 cores
 def test_readme_example_twin_execute_cpu_tiny(reference: dict[str, list[float]], tmp_path: Path) -> None:
     """`twin execute cpu-tiny` runs DP2 x TP2 x PP2 on 8 gloo ranks, writes records the plan package reads, and
     its losses match the single-process reference (so the (2,2,2) layout is checked too)."""

@@ -50,7 +50,7 @@ from twin.run.summary import RunPrediction, Sweep
 from twin.run.summary import check_seed as check_seed
 from twin.step.fabric import Fabric
 from twin.step.memory import MemoryBreakdown
-from twin.step.predict import PredictOptions, StepPrediction
+from twin.step.predict import PredictOptions, StepPrediction, rank_memories
 from twin.step.predict import predict as _predict
 
 if TYPE_CHECKING:
@@ -135,6 +135,13 @@ def memory(plan: PlanLike, limits: Limits = DEFAULT_LIMITS) -> MemoryBreakdown:
     p = load_plan(plan, limits=limits)
     check_step(p, limits)
     return fit.memory(p)
+
+
+def memory_by_rank(plan: PlanLike, limits: Limits = DEFAULT_LIMITS) -> list[MemoryBreakdown]:
+    """Memory of every pipeline rank (params, grads, optimizer, activations, transient, reserved), as `memory`."""
+    p = load_plan(plan, limits=limits)
+    check_step(p, limits)
+    return rank_memories(p, loader.plan_cluster(p), loader.plan_stack(p))
 
 
 def check_fit(plan: PlanLike, limits: Limits = DEFAULT_LIMITS) -> MemoryBreakdown:

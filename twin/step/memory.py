@@ -173,16 +173,16 @@ def transient_bytes(plan: Plan, stack: Stack, stages: list[int], last: bool) -> 
     return max(candidates)
 
 
-def memory_breakdown(
+def rank_breakdowns(
     plan: Plan, cluster: Cluster, stack: Stack, peak_live_layers: list[float], grad_bytes: int = 2
-) -> MemoryBreakdown:
-    """Memory of every pipeline rank; returns the fullest. `peak_live_layers[r]` is the schedule's peak of
-    in-flight activations on rank r, in units of one layer's activations for one microbatch (a dense layer;
-    MoE layers are weighed by the caller)."""
+) -> list[MemoryBreakdown]:
+    """Memory of every pipeline rank. `peak_live_layers[r]` is the schedule's peak of in-flight activations on
+    rank r, in units of one layer's activations for one microbatch (a dense layer; MoE layers are weighed by the
+    caller)."""
     lay = plan.layout
     dense_act, _ = activation_bytes(plan, stack, moe=False)
     capacity = cluster.accelerator.hbm_GB * 1e9
-    worst: MemoryBreakdown | None = None
+    out = []
     for rank in range(lay.pp):
         stages = [s for s in range(lay.num_stages) if stage_rank(lay.schedule, lay.pp, s) == rank]
         weights, grads, optim = rank_state_bytes(plan, stages, grad_bytes)
@@ -209,7 +209,5 @@ def memory_breakdown(
             reason,
             rank,
         )
-        if worst is None or candidate.peak > worst.peak:
-            worst = candidate
-    assert worst is not None
-    return worst
+        out.append(candidate)
+    return out

@@ -35,7 +35,7 @@ from twin.step.costs import (
     stage_costs,
 )
 from twin.step.kernels import PassCost, head_cost
-from twin.step.memory import MemoryBreakdown, memory_breakdown, stage_layer_ranges, stage_params
+from twin.step.memory import MemoryBreakdown, rank_breakdowns, stage_layer_ranges, stage_params
 from twin.step.memory import activation_bytes as layer_activation_bytes
 from twin.step.pipeline import PipelineInput, PipelineResult, simulate
 from twin.step.steady import simulate_extended
@@ -98,9 +98,14 @@ def straggler_factor(cluster: Cluster, ranks: int) -> float:
 
 
 def rank_memory(plan: Plan, cluster: Cluster, stack: Stack) -> MemoryBreakdown:
-    """Memory of the plan's fullest pipeline rank: each stage's activations per in-flight microbatch in units of one
-    dense layer's, the schedule's peak of those on each pipeline rank, then the memory model (twin/step/memory.py).
-    Needs no simulation, so `twin validate` calls it too (twin/fit.py)."""
+    """Memory of the plan's fullest pipeline rank (see `rank_memories`). Needs no simulation, so `twin validate`
+    calls it too (twin/fit.py)."""
+    return max(rank_memories(plan, cluster, stack), key=lambda b: b.peak)
+
+
+def rank_memories(plan: Plan, cluster: Cluster, stack: Stack) -> list[MemoryBreakdown]:
+    """Memory of every pipeline rank: each stage's activations per in-flight microbatch in units of one dense
+    layer's, the schedule's peak of those on each pipeline rank, then the memory model (twin/step/memory.py)."""
     lay, m = plan.layout, plan.model
     dense, kept = layer_activation_bytes(plan, stack, moe=False)
     moe = layer_activation_bytes(plan, stack, moe=True)[0] if m.is_moe else dense
@@ -112,7 +117,7 @@ def rank_memory(plan: Plan, cluster: Cluster, stack: Stack) -> MemoryBreakdown:
     live = schedules.peak_live_per_rank(
         lay.schedule, lay.pp, lay.virtual_stages, plan.num_microbatches, weights, kept_for_w
     )
-    return memory_breakdown(plan, cluster, stack, live, grad_reduce_bytes(plan, stack))
+    return rank_breakdowns(plan, cluster, stack, live, grad_reduce_bytes(plan, stack))
 
 
 DEFAULT_OPTIONS = PredictOptions()

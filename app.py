@@ -1,0 +1,345 @@
+"""ClusterTwin's what-if dashboard: `streamlit run app.py` (127.0.0.1 by .streamlit/config.toml).
+
+UI only: every number comes from the Python API (twin/api.py), every figure from twin/dashboard/figures.py. The
+sidebar holds the plan — a preset, a catalogue model or one's own, on a cluster changed by what-ifs, laid out
+with widgets that offer valid values — and the tabs show what follows: the step, the whole run, the layout search,
+scenarios side by side and calibrated profiles.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import streamlit as st
+import yaml
+
+from plan import loader
+from plan.errors import PlanError
+from twin import api, fit
+from twin.dashboard import figures
+from twin.step.predict import PredictOptions, StepPrediction
+
+st.set_page_config(page_title="ClusterTwin", layout="wide")
+
+
+@st.cache_data(show_spinner=False, max_entries=64)
+def predicted(plan_json: str, timeline: bool = False) -> StepPrediction:
+    """One step of the resolved plan (cached on its JSON: a what-if back to a plan seen before is instant)."""
+    return api.predict(json.loads(plan_json), PredictOptions(every_microbatch=timeline))
+
+
+@st.cache_data(show_spinner=False, max_entries=16)
+def runs_of(plan_json: str, seeds: int) -> Any:
+    return api.simulate_runs(json.loads(plan_json), seeds)
+
+
+@st.cache_data(show_spinner=False, max_entries=8)
+def sweep_of(plan_json: str, seeds: int) -> Any:
+    return api.sweep_checkpoint(json.loads(plan_json), seeds)
+
+
+# the plan widgets' keys, reset when the base plan changes (a comment: Streamlit would draw a bare string)
+WIDGETS = (
+    "nodes",
+    "rate_scale",
+    "price",
+    "nic",
+    "tp",
+    "pp",
+    "dp",
+    "cp",
+    "ep",
+    "mbs",
+    "schedule",
+    "v",
+    "zero",
+    "recompute",
+    "sp",
+    "batch",
+)
+
+
+def divisors(n: int, most: int = 64) -> list[int]:
+    return [d for d in range(1, min(n, most) + 1) if n % d == 0]
+
+
+def choose_plan() -> tuple[dict[str, Any] | None, str]:
+    """The sidebar: a base plan and its what-ifs; returns the plan data (None if invalid) and its source label."""
+    sb = st.sidebar
+    sb.title("Plan")
+    query = st.query_params.get("plan")
+    presets = loader.plan_presets()
+    start = sb.radio("start from", ["preset", "model", "upload"], horizontal=True, key="start")
+    overrides: list[str] = []
+    if start == "upload":
+        upload = sb.file_uploader("plan YAML", type=["yaml", "yml"])
+        if upload is None:
+            sb.info("Upload a plan file, or start from a preset.")
+            return None, ""
+        base = yaml.safe_load(upload.getvalue().decode("utf-8", errors="replace"))
+        label = upload.name
+    elif start == "model":
+        model = sb.selectbox("model", loader.model_presets(), key="model")
+        cluster = sb.selectbox("cluster", loader.cluster_names(), key="cluster")
+        base = {
+            "schema_version": 1,
+            "name": f"{model}-what-if",
+            "model": model,
+            "cluster": cluster,
+            "layout": {"dp": 1},
+            "training": {"global_batch": 8, "tokens": 1.0e12},
+        }
+        label = model
+    else:
+        default = presets.index(query) if query in presets else presets.index("llama3-405b-16k")
+        name = sb.selectbox("preset", presets, index=default, key="preset")
+        base, _ = loader.plan_data(name)
+        label = name
+    base = loader.expand_model(dict(base), label)
+    model, layout = base["model"], dict(base.get("layout") or {})
+    if st.session_state.get("_base") != label:  # a new base plan: its own values, not the last plan's widgets
+        for key in WIDGETS:
+            st.session_state.pop(key, None)
+        st.session_state["_base"] = label
+
+    with sb.expander("cluster what-ifs"):
+        cl = api.load_cluster(base["cluster"] if isinstance(base["cluster"], str) else base["cluster"]["name"])
+        nodes = st.number_input("nodes", 1, 10_000_000, int(cl.nodes), key="nodes")
+        scale = st.number_input("failure-rate scale", 0.0, 100.0, 1.0, 0.25, key="rate_scale")
+        price = st.number_input("USD per GPU-hour", 0.01, 100.0, float(cl.economics.usd_per_gpu_hour), key="price")
+        if cl.fabric.tiers:
+            nic = st.number_input(
+                "NIC / fabric GB/s per GPU", 0.1, 10_000.0, float(cl.fabric.tiers[0].bandwidth_GBps), key="nic"
+            )
+            if nic != cl.fabric.tiers[0].bandwidth_GBps:
+                overrides.append(f"cluster.fabric.tiers.*.bandwidth_GBps={nic}")
+        for field, value, was in (
+            ("nodes", nodes, cl.nodes),
+            ("failures.rate_scale", scale, 1.0),
+            ("economics.usd_per_gpu_hour", price, cl.economics.usd_per_gpu_hour),
+        ):
+            if value != was:
+                overrides.append(f"cluster.{field}={value}")
+
+    sb.subheader("layout")
+    heads = int(model["heads"])
+    c1, c2, c3 = sb.columns(3)
+    tp = c1.selectbox("tp", divisors(heads), index=divisors(heads).index(layout.get("tp", 1)), key="tp")
+    pp = c2.number_input("pp", 1, int(model["layers"]), int(layout.get("pp", 1)), key="pp")
+    dp = c3.number_input("dp", 1, 1_000_000, int(layout.get("dp", 1)), key="dp")
+    c4, c5, c6 = sb.columns(3)
+    cp = c4.number_input("cp", 1, 64, int(layout.get("cp", 1)), key="cp")
+    ep = c5.number_input("ep", 1, 1024, int(layout.get("ep", 1)), key="ep")
+    mbs = c6.number_input("micro-batch", 1, 64, int(layout.get("microbatch_size", 1)), key="mbs")
+    schedules = ["1f1b", "interleaved-1f1b", "gpipe", "zb-h1", "zbv", "dualpipe-v"]
+    schedule = sb.selectbox(
+        "schedule", schedules, index=schedules.index(layout.get("schedule", "1f1b")), key="schedule"
+    )
+    v_default = int(layout.get("virtual_stages", 1))
+    if schedule == "interleaved-1f1b":
+        v = sb.number_input("virtual stages", 2, 64, max(2, v_default), key="v")
+    else:
+        v = 2 if schedule in ("zbv", "dualpipe-v") else 1  # the only value these schedules take
+    c7, c8 = sb.columns(2)
+    zero = c7.selectbox("ZeRO", [0, 1, 2, 3], index=int(layout.get("zero", 0)), key="zero")
+    recompute_levels = ["none", "selective", "full"]
+    recompute = c8.selectbox(
+        "recompute", recompute_levels, index=recompute_levels.index(layout.get("recompute", "none")), key="recompute"
+    )
+    sp = sb.checkbox("sequence parallel", bool(layout.get("sequence_parallel", False)), key="sp", disabled=tp == 1)
+    batch = sb.number_input(
+        "global batch (sequences)", 1, 10_000_000, int(base["training"]["global_batch"]), key="batch"
+    )
+    chosen = {
+        "tp": tp,
+        "pp": pp,
+        "dp": dp,
+        "cp": cp,
+        "ep": ep,
+        "microbatch_size": mbs,
+        "schedule": schedule,
+        "virtual_stages": v,
+        "zero": zero,
+        "recompute": recompute,
+        "sequence_parallel": sp and tp > 1,
+    }
+    if pp != layout.get("pp", 1) or v != layout.get("virtual_stages", 1):
+        overrides.append("layout.stage_layers=null")
+    overrides += [f"layout.{k}={json.dumps(val)}" for k, val in chosen.items() if layout.get(k) != val]
+    if batch != base["training"]["global_batch"]:
+        overrides.append(f"training.global_batch={batch}")
+    check = api.validate(base, overrides, allow_oom=True)  # a plan over memory is shown, with the verdict
+    if not check.ok:
+        sb.error(check.reasons[0])
+        return None, label
+    assert check.plan is not None
+    if not check.facts["fits"]:
+        sb.warning(fit.oom_message(check.plan, api.cluster_of(check.plan), api.memory(check.plan), allow_hint=False))
+    data = check.plan.model_dump(mode="json")
+    sb.download_button("download plan YAML", yaml.safe_dump(data, sort_keys=False), f"{check.plan.name}.yaml")
+    return data, label
+
+
+def step_tab(data: dict[str, Any]) -> None:
+    plan_json = json.dumps(data, sort_keys=True)
+    pred = predicted(plan_json)
+    price = api.cluster_of(data).economics.usd_per_gpu_hour
+    cols = st.columns(3) + st.columns(3)
+    for col, (name, value) in zip(cols, figures.headline(pred, price).items(), strict=True):
+        col.metric(name, value)
+    if not pred.fits:
+        st.warning(pred.memory.reason)
+    left, right = st.columns(2)
+    left.subheader("where the step goes")
+    left.plotly_chart(figures.breakdown_bar(pred), width="stretch")
+    right.subheader("memory per GPU by pipeline rank")
+    right.plotly_chart(figures.memory_bars(api.memory_by_rank(data)), width="stretch")
+    st.subheader("one step, every pipeline rank")
+    if pred.num_microbatches * data["layout"]["pp"] * data["layout"]["virtual_stages"] <= 20_000:
+        st.plotly_chart(figures.timeline_gantt(predicted(plan_json, timeline=True)), width="stretch")
+    else:
+        st.info("The step has too many actions to draw; `twin predict --trace` writes it for Perfetto.")
+    st.subheader("collectives")
+    st.dataframe(figures.collectives_table(pred), hide_index=True)
+
+
+def run_tab(data: dict[str, Any]) -> None:
+    seeds = st.slider("seeds", 1, 20, 3, key="seeds")
+    try:
+        summary = runs_of(json.dumps(data, sort_keys=True), seeds)
+    except PlanError as exc:
+        st.error(str(exc))
+        return
+    stats = summary.stats
+    cols = st.columns(4)
+    for col, (key, label, fmt) in zip(
+        cols,
+        (
+            ("goodput", "goodput", "{:.1%}"),
+            ("wall_days", "wall days", "{:,.1f}"),
+            ("cost_usd", "cost ($M)", "{:,.2f}"),
+            ("mtbf_hours", "MTBF (h)", "{:,.1f}"),
+        ),
+        strict=True,
+    ):
+        s = stats[key]
+        scale = 1e-6 if key == "cost_usd" else 1.0
+        col.metric(
+            label,
+            fmt.format(s["mean"] * scale),
+            help=f"5th-95th percentile: {fmt.format(s['p5'] * scale)} - {fmt.format(s['p95'] * scale)}",
+        )
+    left, right = st.columns(2)
+    left.subheader("where the lost time goes")
+    left.plotly_chart(figures.lost_time_bar(summary.runs), width="stretch")
+    right.subheader(f"interruptions of seed {summary.runs[0].seed}")
+    right.plotly_chart(figures.failure_timeline(summary.runs[0]), width="stretch")
+    if st.button("sweep the checkpoint interval", key="sweep"):
+        with st.spinner("simulating 13 intervals"):
+            try:
+                st.plotly_chart(figures.checkpoint_sweep(sweep_of(json.dumps(data, sort_keys=True), 2)))
+            except PlanError as exc:
+                st.error(str(exc))
+
+
+def search_tab(data: dict[str, Any], label: str) -> None:
+    c1, c2, c3, c4 = st.columns(4)
+    gpus = c1.number_input(
+        "at most GPUs",
+        1,
+        10_000_000,
+        int(data["layout"]["dp"] * data["layout"]["tp"] * data["layout"]["pp"] * data["layout"]["cp"]),
+    )
+    tokens = c2.number_input(
+        "batch tokens", 1, 10**10, int(data["training"]["global_batch"] * data["model"]["seq_len"])
+    )
+    objective = c3.selectbox("objective", ["time", "cost", "mfu", "goodput-time"])
+    top = c4.number_input("top", 1, 20, 5)
+    if not st.button("search", key="search"):
+        return
+    path = Path(st.session_state.setdefault("search_dir", _temp_dir())) / "plan.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    with st.status("searching layouts", expanded=True) as status:
+        line = st.empty()
+        try:
+            result = api.search(
+                str(path),
+                gpus=int(gpus),
+                batch_tokens=float(tokens),
+                objective=objective,
+                top=int(top),
+                progress=lambda t: line.write(f"{t.shapes:,} layouts, {t.pruned:,} pruned, {t.simulated:,} simulated"),
+            )
+        except PlanError as exc:
+            status.update(label="search failed", state="error")
+            st.error(str(exc))
+            return
+        status.update(label=f"{result.tally.simulated} layouts simulated", state="complete")
+    st.dataframe(figures.candidates_table(result.top), hide_index=True)
+    st.plotly_chart(figures.pareto_scatter(result), width="stretch")
+
+
+def _temp_dir() -> str:
+    import tempfile
+
+    return tempfile.mkdtemp(prefix="clustertwin-")
+
+
+def compare_tab(data: dict[str, Any]) -> None:
+    scenarios: dict[str, dict[str, Any]] = st.session_state.setdefault("scenarios", {})
+    name = st.text_input("scenario name", data["name"], key="scenario_name")
+    a, b = st.columns(2)
+    if a.button("add this plan", key="add") and len(scenarios) < 4:
+        scenarios[name] = data
+    if b.button("clear", key="clear"):
+        scenarios.clear()
+    if not scenarios:
+        st.info("Add two to four plans (change the sidebar between them) to see them side by side.")
+        return
+    preds = {n: predicted(json.dumps(d, sort_keys=True)) for n, d in scenarios.items()}
+    st.dataframe(figures.compare_table(preds), hide_index=True)
+    st.plotly_chart(figures.compare_bars(preds), width="stretch")
+
+
+def calibrate_tab() -> None:
+    profiles = [n for n in loader.cluster_names() if n.startswith("calibrated/")]
+    if not profiles:
+        st.info("No calibrated profile yet: run `twin loop` or `twin calibrate`.")
+        return
+    name = st.selectbox("calibrated profile", profiles)
+    cal = api.load_cluster(name).calibration
+    if cal is None:
+        st.info("This profile has no calibration record.")
+        return
+    st.metric("residual RMS", f"{cal.residual_rms:.1%}", help=f"run-to-run spread {cal.step_cv:.1%}")
+    st.dataframe(
+        [{"knob": p.path, "before": p.before, "fitted": p.value, "±1σ": p.std} for p in cal.parameters], hide_index=True
+    )
+    report = st.text_input("a `twin loop` output directory (report.md)")
+    if report and (Path(report) / "report.md").is_file():
+        st.markdown((Path(report) / "report.md").read_text())
+
+
+def main() -> None:
+    data, label = choose_plan()
+    st.title(f"ClusterTwin — {data['name'] if data else label or 'no plan'}")
+    tabs = st.tabs(["Step", "Run", "Search", "Compare", "Calibrate"])
+    if data is None:
+        for tab in tabs[:4]:
+            tab.info("Fix the plan in the sidebar: the line under the layout says what is wrong.")
+    else:
+        with tabs[0]:
+            step_tab(data)
+        with tabs[1]:
+            run_tab(data)
+        with tabs[2]:
+            search_tab(data, label)
+        with tabs[3]:
+            compare_tab(data)
+    with tabs[4]:
+        calibrate_tab()
+
+
+main()

@@ -1,0 +1,155 @@
+"""The dashboard (app.py) under Streamlit's own test runner: every preset renders, a widget change shows what the
+API predicts for the changed plan, a bad layout shows the loader's line, search and compare run; and its figures
+(twin/dashboard/figures.py) without Streamlit."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from plan import loader
+from twin import api
+from twin.dashboard import figures
+
+APP = str(Path(__file__).resolve().parent.parent / "app.py")
+
+
+def _app() -> AppTest:
+    at = AppTest.from_file(APP, default_timeout=120)
+    at.run()
+    return at
+
+
+def _metrics(at: AppTest) -> dict[str, str]:
+    return {m.label: m.value for m in at.metric}
+
+
+@pytest.mark.parametrize("preset", loader.plan_presets())
+def test_every_preset_renders_its_headline(preset: str) -> None:
+    at = _app()
+    at.selectbox(key="preset").set_value(preset).run()
+    assert not at.exception, [e.value for e in at.exception]
+    shown = _metrics(at)
+    pred = api.predict(preset)
+    assert shown["step time"] == f"{pred.step_time_s:.3f} s"
+    assert {"MFU / HFU", "days to train", "memory per GPU", "goodput", "wall days"} <= set(shown)
+
+
+def test_a_widget_change_shows_the_apis_prediction_for_the_changed_plan() -> None:
+    at = _app()
+    at.selectbox(key="preset").set_value("gpt3-175b-1k").run()
+    at.selectbox(key="tp").set_value(4).run()
+    at.number_input(key="dp").set_value(32).run()
+    at.selectbox(key="zero").set_value(1).run()
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    expected = api.predict(api.load_plan("gpt3-175b-1k", ["layout.tp=4", "layout.dp=32", "layout.zero=1"]))
+    assert _metrics(at)["step time"] == f"{expected.step_time_s:.3f} s"
+
+
+def test_an_invalid_layout_shows_the_loaders_line_and_no_traceback() -> None:
+    at = _app()
+    at.selectbox(key="preset").set_value("gpt3-175b-1k").run()
+    at.number_input(key="dp").set_value(7).run()  # 1536 sequences do not split over 7 replicas
+    assert not at.exception
+    assert any("global_batch" in e.value and "multiple of dp" in e.value for e in at.error)
+    assert "step time" not in _metrics(at)
+
+
+def test_search_and_compare_run_on_a_small_case() -> None:
+    at = _app()
+    at.selectbox(key="preset").set_value("gpt-1b-h100").run()
+    at.button(key="search").click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert at.dataframe and any(len(d.value) >= 1 for d in at.dataframe)
+    at.button(key="add").click().run()
+    at.text_input(key="scenario_name").set_value("zero 1").run()
+    at.selectbox(key="zero").set_value(1).run()
+    assert not at.error, [e.value for e in at.error]
+    at.button(key="add").click().run()
+    assert not at.exception
+    compared = [d.value for d in at.dataframe if "scenario" in d.value.columns]
+    assert compared and len(compared[-1]) == 2
+
+
+def test_figures_follow_the_numbers() -> None:
+    plan = api.load_plan("gpt3-175b-1k")
+    pred = api.predict(plan)
+    bar = figures.breakdown_bar(pred)
+    assert sum(t.x[0] for t in bar.data) == pytest.approx(sum(v for v in pred.breakdown_s.values() if v > 0))
+    ranks = api.memory_by_rank(plan)
+    assert max(r.peak for r in ranks) == pytest.approx(pred.memory.peak)
+    mem = figures.memory_bars(ranks)
+    totals = [sum(t.y[i] for t in mem.data) for i in range(len(ranks))]
+    assert totals == pytest.approx([r.peak for r in ranks])
+    table = figures.collectives_table(pred)
+    assert set(table["axis"]) == set(pred.collectives)
+
+
+@pytest.mark.slow
+def test_every_page_in_a_real_browser(tmp_path: Path) -> None:
+    """streamlit run on loopback, each tab opened in headless Chromium (Debian's chromium and chromium-driver),
+    a screenshot per page under the test's output, the headline shown and no error text."""
+    import shutil
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    chromium, chromedriver = shutil.which("chromium"), shutil.which("chromedriver")
+    if not (chromium and chromedriver):
+        pytest.skip("needs Debian's chromium and chromium-driver (apt-get install chromium chromium-driver)")
+    webdriver = pytest.importorskip("selenium.webdriver")
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    from twin.cli.launch import free_port
+
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    server = subprocess.Popen(
+        [sys.executable, "-m", "streamlit", "run", APP, "--server.headless", "true", "--server.address", "127.0.0.1",
+         "--server.port", str(port), "--browser.gatherUsageStats", "false"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    options = webdriver.ChromeOptions()
+    options.binary_location = chromium
+    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--window-size=1600,1400"):
+        options.add_argument(arg)
+    driver = None
+    try:
+        for _ in range(120):
+            try:
+                if urllib.request.urlopen(f"{url}/_stcore/health", timeout=1).read() == b"ok":
+                    break
+            except OSError:
+                time.sleep(0.5)
+        driver = webdriver.Chrome(service=webdriver.ChromeService(chromedriver), options=options)
+        driver.get(url)
+        body = lambda: driver.find_element(By.TAG_NAME, "body").text  # noqa: E731
+        pages = {"Step": "MFU / HFU", "Run": "goodput", "Search": "objective", "Compare": "scenario name",
+                 "Calibrate": "calibrated profile"}  # fmt: skip
+        WebDriverWait(driver, 120).until(lambda d: "step time" in body())
+        for name, shows in pages.items():
+            tab = next(t for t in driver.find_elements(By.CSS_SELECTOR, "[role=tab]") if t.text == name)
+            tab.click()
+            try:
+                WebDriverWait(driver, 60).until(lambda d, shows=shows: shows in body())
+            finally:
+                time.sleep(1)  # let the tab's charts draw
+                driver.save_screenshot(str(tmp_path / f"{name.lower()}.png"))
+            text = body()
+            assert "Traceback" not in text and "Error" not in text, (name, text[:500])
+    finally:
+        if driver is not None:
+            driver.quit()
+        server.terminate()
+        server.wait(timeout=30)
+    assert sorted(p.name for p in tmp_path.glob("*.png")) == [
+        "calibrate.png",
+        "compare.png",
+        "run.png",
+        "search.png",
+        "step.png",
+    ]

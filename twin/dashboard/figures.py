@@ -1,0 +1,212 @@
+"""The dashboard's figures and tables: pure functions from the twin's results to Plotly figures and pandas frames,
+so tests check them without Streamlit and app.py only lays them out."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import pandas as pd
+import plotly.graph_objects as go
+
+from twin.run.summary import RunPrediction, Sweep
+from twin.search.engine import Candidate, SearchResult
+from twin.step.memory import MemoryBreakdown
+from twin.step.predict import StepPrediction
+
+KIND_COLOURS = {"F": "#4C78A8", "B": "#F58518", "W": "#54A24B"}
+MEMORY_PARTS = ("params", "grads", "optimizer", "activations", "transient", "reserved")
+
+
+def headline(pred: StepPrediction, usd_per_gpu_hour: float) -> dict[str, str]:
+    """The figures a planner reads first, formatted."""
+    return {
+        "step time": f"{pred.step_time_s:.3f} s",
+        "tokens/s": f"{pred.tokens_per_s:,.0f}",
+        "MFU / HFU": f"{pred.mfu:.1%} / {pred.hfu:.1%}",
+        "days to train": f"{pred.days_to_train:,.1f}",
+        "cost to train": f"${pred.gpu_hours * usd_per_gpu_hour / 1e6:,.2f}M",
+        "memory per GPU": f"{pred.memory.peak:,.1f} of {pred.memory.capacity:,.1f} GiB",
+    }
+
+
+def breakdown_bar(pred: StepPrediction) -> go.Figure:
+    """Where the step goes on its critical pipeline rank: one stacked horizontal bar."""
+    fig = go.Figure()
+    for name, seconds in pred.breakdown_s.items():
+        if seconds > 0:
+            fig.add_bar(y=["step"], x=[seconds], name=name, orientation="h", hovertemplate="%{x:.3f} s")
+    fig.update_layout(barmode="stack", height=220, xaxis_title="seconds", margin={"t": 30, "b": 40})
+    return fig
+
+
+def memory_bars(ranks: Sequence[MemoryBreakdown]) -> go.Figure:
+    """Memory per GPU on every pipeline rank, stacked by what holds it, against the HBM line."""
+    fig = go.Figure()
+    x = [f"pp {b.pipeline_rank}" for b in ranks]
+    for part in MEMORY_PARTS:
+        fig.add_bar(x=x, y=[getattr(b, part) for b in ranks], name=part, hovertemplate="%{y:.1f} GiB")
+    if ranks:
+        fig.add_hline(y=ranks[0].capacity, line_dash="dash", line_color="red", annotation_text="HBM usable")
+    fig.update_layout(barmode="stack", yaxis_title="GiB per GPU", height=360, margin={"t": 30})
+    return fig
+
+
+def timeline_gantt(pred: StepPrediction) -> go.Figure:
+    """The simulated step as a Gantt chart: one lane per pipeline rank, a bar per action (forward, backward,
+    weight gradient) labelled with its microbatch and stage (the chunk), from the events `--trace` writes."""
+    fig = go.Figure()
+    frame = pd.DataFrame(pred.timeline)
+    if frame.empty:
+        return fig
+    for kind, group in frame.groupby("kind"):
+        fig.add_bar(
+            y=[f"pp {r}" for r in group["rank"]],
+            x=group["end_s"] - group["start_s"],
+            base=group["start_s"],
+            orientation="h",
+            name={"F": "forward", "B": "backward", "W": "weight grad"}[str(kind)],
+            marker_color=KIND_COLOURS[str(kind)],
+            customdata=group[["microbatch", "stage"]],
+            hovertemplate="mb %{customdata[0]} stage %{customdata[1]}: %{base:.3f}-%{x:.3f} s",
+        )
+    fig.add_vline(x=pred.step_time_s, line_dash="dash", annotation_text="step end")
+    fig.update_layout(barmode="overlay", xaxis_title="seconds", height=120 + 28 * frame["rank"].nunique())
+    fig.update_yaxes(autorange="reversed")
+    return fig
+
+
+def collectives_table(pred: StepPrediction) -> pd.DataFrame:
+    """Each parallel axis's typical collective: its operation, algorithm, tier, span and bus bandwidth."""
+    rows = [
+        {
+            "axis": axis,
+            "op": c["op"],
+            "algorithm": c["algorithm"],
+            "tier": c["tier"],
+            "ranks": c["ranks"],
+            "MB": c["bytes"] / 1e6,
+            "ms": c["seconds"] * 1e3,
+            "busbw GB/s": c["busbw_GBps"],
+        }
+        for axis, c in pred.collectives.items()
+    ]
+    return pd.DataFrame(rows)
+
+
+def lost_time_bar(runs: Sequence[RunPrediction]) -> go.Figure:
+    """Where a run's wall time goes beyond its ideal days, mean over the seeds (hours)."""
+    parts = {
+        "restarts": [r.restart_hours - r.wait_hours for r in runs],
+        "waiting for nodes": [r.wait_hours for r in runs],
+        "lost work": [r.lost_work_hours for r in runs],
+        "checkpoint stalls": [r.checkpoint_stall_hours for r in runs],
+        "degraded": [r.degraded_hours for r in runs],
+    }
+    fig = go.Figure()
+    for name, values in parts.items():
+        fig.add_bar(x=[name], y=[sum(values) / max(1, len(values))], name=name, showlegend=False)
+    fig.update_layout(yaxis_title="hours (mean over seeds)", height=320, margin={"t": 30})
+    return fig
+
+
+def failure_timeline(run: RunPrediction) -> go.Figure:
+    """One seeded run's interruptions over time, by cause, sized by the work each lost."""
+    frame = pd.DataFrame([e for e in run.events if e.get("event") == "interrupt"])
+    fig = go.Figure()
+    if frame.empty:
+        fig.add_annotation(text="no interruption in this run", showarrow=False)
+        return fig
+    for cause, group in frame.groupby("cause"):
+        fig.add_scatter(
+            x=group["time_h"] / 24,
+            y=[str(cause)] * len(group),
+            mode="markers",
+            name=str(cause),
+            marker={"size": 4 + 40 * group["lost_h"].clip(upper=1.0)},
+            hovertemplate="day %{x:.2f}",
+        )
+    fig.update_layout(xaxis_title="day of the run", height=320, showlegend=False, margin={"t": 30})
+    return fig
+
+
+def checkpoint_sweep(sweep: Sweep) -> go.Figure:
+    """Goodput against checkpoint interval, with the simulated optimum, Young's and Daly's intervals marked."""
+    fig = go.Figure(go.Scatter(x=sweep.intervals_min, y=sweep.goodput_mean, mode="lines+markers", name="goodput"))
+    for x, name, dash in (
+        (sweep.young_min, "Young", "dot"),
+        (sweep.daly_min, "Daly", "dash"),
+        (sweep.optimum_min, "simulated optimum", "solid"),
+    ):
+        fig.add_vline(x=x, line_dash=dash, annotation_text=name)
+    fig.update_layout(xaxis_type="log", xaxis_title="checkpoint interval (min)", yaxis_title="goodput", height=360)
+    return fig
+
+
+def pareto_scatter(result: SearchResult) -> go.Figure:
+    """Every simulated layout by days to train and memory headroom, the Pareto front highlighted."""
+    fig = go.Figure()
+    front = {id(c) for c in result.pareto}
+    for on_front, name in ((False, "simulated"), (True, "Pareto front")):
+        cands = [c for c in result.simulated if (id(c) in front) == on_front]
+        fig.add_scatter(
+            x=[c.outcome.days_to_train for c in cands],
+            y=[c.headroom_GiB for c in cands],
+            mode="markers",
+            name=name,
+            text=[c.label for c in cands],
+            customdata=[c.shape.gpus for c in cands],
+            marker={"size": 11 if on_front else 6},
+            hovertemplate="%{text}<br>%{x:.1f} days, %{y:.1f} GiB free",
+        )
+    fig.update_layout(xaxis_title="days to train", yaxis_title="memory headroom (GiB)", height=420)
+    return fig
+
+
+def candidates_table(cands: Sequence[Candidate]) -> pd.DataFrame:
+    """Layouts as rows: degrees, schedule, step, MFU, headroom, days and cost."""
+    return pd.DataFrame(
+        [
+            {
+                "layout": c.label,
+                "GPUs": c.shape.gpus,
+                "batch (M tokens)": c.plan.tokens_per_step / 1e6,
+                "step (s)": c.outcome.step_time_s,
+                "MFU": c.outcome.mfu,
+                "free GiB": c.headroom_GiB,
+                "days": c.outcome.days_to_train,
+                "cost ($M)": c.cost_usd / 1e6,
+            }
+            for c in cands
+        ]
+    )
+
+
+def compare_table(scenarios: Mapping[str, StepPrediction]) -> pd.DataFrame:
+    """Scenarios side by side, with each figure's change against the first."""
+    rows: list[dict[str, Any]] = []
+    first = next(iter(scenarios.values()), None)
+    for name, p in scenarios.items():
+        rows.append(
+            {
+                "scenario": name,
+                "GPUs": p.world_size,
+                "step (s)": p.step_time_s,
+                "MFU": p.mfu,
+                "days": p.days_to_train,
+                "GPU hours": p.gpu_hours,
+                "days vs first": p.days_to_train / first.days_to_train - 1 if first else 0.0,
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def compare_bars(scenarios: Mapping[str, StepPrediction]) -> go.Figure:
+    """The scenarios' step breakdowns, overlaid as grouped stacks."""
+    fig = go.Figure()
+    names = list(scenarios)
+    keys = sorted({k for p in scenarios.values() for k, v in p.breakdown_s.items() if v > 0})
+    for key in keys:
+        fig.add_bar(x=names, y=[scenarios[n].breakdown_s.get(key, 0.0) for n in names], name=key)
+    fig.update_layout(barmode="stack", yaxis_title="seconds per step", height=380)
+    return fig
