@@ -42,6 +42,8 @@ def sweep_of(plan_json: str, seeds: int) -> Any:
 
 # the plan widgets' keys, reset when the base plan changes (a comment: Streamlit would draw a bare string)
 WIDGETS = (
+    "spares",
+    "restart",
     "nodes",
     "rate_scale",
     "price",
@@ -65,13 +67,33 @@ def divisors(n: int, most: int = 64) -> list[int]:
     return [d for d in range(1, min(n, most) + 1) if n % d == 0]
 
 
+def own_model(sb: Any) -> dict[str, Any]:
+    """A model of the user's own: the sizes a planner knows (Llama 3 8B's to start from)."""
+    with sb.expander("my model", expanded=True):
+        c1, c2 = st.columns(2)
+        sizes = {
+            "layers": c1.number_input("layers", 1, 1000, 32, key="m_layers"),
+            "hidden": c2.number_input("hidden", 64, 65536, 4096, 64, key="m_hidden"),
+            "heads": c1.number_input("heads", 1, 1024, 32, key="m_heads"),
+            "kv_heads": c2.number_input("kv heads", 1, 1024, 8, key="m_kv"),
+            "ffn_hidden": c1.number_input("ffn hidden", 64, 262144, 14336, 64, key="m_ffn"),
+            "vocab": c2.number_input("vocab", 256, 1_000_000, 128256, key="m_vocab"),
+            "seq_len": c1.number_input("sequence", 128, 1_048_576, 8192, 128, key="m_seq"),
+            "experts": c2.number_input("experts (0: dense)", 0, 1024, 0, key="m_experts"),
+        }
+        if sizes["experts"]:
+            sizes["top_k"] = c1.number_input("top-k", 1, 64, 2, key="m_topk")
+            sizes["moe_ffn_hidden"] = c2.number_input("expert ffn hidden", 64, 65536, 2048, 64, key="m_moe_ffn")
+    return {"name": "my model", **{k: int(v) for k, v in sizes.items()}}
+
+
 def choose_plan() -> tuple[dict[str, Any] | None, str]:
     """The sidebar: a base plan and its what-ifs; returns the plan data (None if invalid) and its source label."""
     sb = st.sidebar
     sb.title("Plan")
     query = st.query_params.get("plan")
     presets = loader.plan_presets()
-    start = sb.radio("start from", ["preset", "model", "upload"], horizontal=True, key="start")
+    start = sb.radio("start from", ["preset", "model", "my model", "upload"], horizontal=True, key="start")
     overrides: list[str] = []
     if start == "upload":
         upload = sb.file_uploader("plan YAML", type=["yaml", "yml"])
@@ -80,18 +102,21 @@ def choose_plan() -> tuple[dict[str, Any] | None, str]:
             return None, ""
         base = yaml.safe_load(upload.getvalue().decode("utf-8", errors="replace"))
         label = upload.name
-    elif start == "model":
-        model = sb.selectbox("model", loader.model_presets(), key="model")
+    elif start in ("model", "my model"):
+        if start == "model":
+            model: Any = sb.selectbox("model", loader.model_presets(), key="model")
+        else:
+            model = own_model(sb)
         cluster = sb.selectbox("cluster", loader.cluster_names(), key="cluster")
+        label = model if isinstance(model, str) else "my-model"
         base = {
             "schema_version": 1,
-            "name": f"{model}-what-if",
+            "name": f"{label}-what-if",
             "model": model,
             "cluster": cluster,
             "layout": {"dp": 1},
             "training": {"global_batch": 8, "tokens": 1.0e12},
         }
-        label = model
     else:
         default = presets.index(query) if query in presets else presets.index("llama3-405b-16k")
         name = sb.selectbox("preset", presets, index=default, key="preset")
@@ -122,6 +147,15 @@ def choose_plan() -> tuple[dict[str, Any] | None, str]:
         ):
             if value != was:
                 overrides.append(f"cluster.{field}={value}")
+
+    with sb.expander("recovery what-ifs"):
+        rel = dict(base.get("reliability") or {})
+        spares = st.number_input("hot spare nodes", 0, 100_000, int(rel.get("hot_spares", 0)), key="spares")
+        restart = st.number_input("restart minutes", 0.1, 1440.0, float(rel.get("restart_min", 10.0)), key="restart")
+        if spares != rel.get("hot_spares", 0):
+            overrides.append(f"reliability.hot_spares={spares}")
+        if restart != rel.get("restart_min", 10.0):
+            overrides.append(f"reliability.restart_min={restart}")
 
     sb.subheader("layout")
     heads = int(model["heads"])

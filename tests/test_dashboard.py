@@ -153,3 +153,15 @@ def test_every_page_in_a_real_browser(tmp_path: Path) -> None:
         "search.png",
         "step.png",
     ]
+
+
+def test_a_model_of_ones_own_on_a_catalogue_cluster() -> None:
+    at = _app()
+    at.radio(key="start").set_value("my model").run()
+    at.selectbox(key="cluster").set_value("dgx-h100-superpod").run()
+    at.number_input(key="m_layers").set_value(16).run()
+    at.selectbox(key="tp").set_value(8).run()
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    assert "step time" in _metrics(at)
+    at.number_input(key="spares").set_value(2).run()
+    assert not at.exception

@@ -207,10 +207,11 @@ def summarise(runs: list[RunPrediction]) -> dict[str, dict[str, float]]:
         if (values == values[0]).all():  # also every run failure-free (MTBF inf), where interpolating gives inf - inf
             out[name] = dict.fromkeys(("mean", "p5", "p95"), float(values[0]))
             continue
+        finite = np.isfinite(values).all()  # interpolating toward inf gives nan: take the nearest seed's instead
         out[name] = {
             "mean": float(values.mean()),
-            "p5": float(np.percentile(values, 5)),
-            "p95": float(np.percentile(values, 95)),
+            "p5": float(np.percentile(values, 5) if finite else np.percentile(values, 5, method="nearest")),
+            "p95": float(np.percentile(values, 95) if finite else np.percentile(values, 95, method="nearest")),
         }
     causes = sorted({c for r in runs for c in r.interruptions})
     out["interruptions"] = {c: float(np.mean([r.interruptions.get(c, 0) for r in runs])) for c in causes}
