@@ -356,24 +356,28 @@ def calibrate_tab() -> None:
         st.markdown((Path(report) / "report.md").read_text())
 
 
+PAGES = ("Step", "Run", "Search", "Compare", "Calibrate")
+
+
 def main() -> None:
     data, label = choose_plan()
     st.title(f"ClusterTwin — {data['name'] if data else label or 'no plan'}")
-    tabs = st.tabs(["Step", "Run", "Search", "Compare", "Calibrate"])
-    if data is None:
-        for tab in tabs[:4]:
-            tab.info("Fix the plan in the sidebar: the line under the layout says what is wrong.")
-    else:
-        with tabs[0]:
+    # only the open tab computes (a tab switch reruns): a what-if redraws what the planner is looking at
+    tabs = dict(zip(PAGES, st.tabs(PAGES, key="page", on_change="rerun"), strict=True))
+    page = st.session_state.get("page") or PAGES[0]
+    with tabs[page]:
+        if page == "Calibrate":
+            calibrate_tab()
+        elif data is None:
+            st.info("Fix the plan in the sidebar: the line under the layout says what is wrong.")
+        elif page == "Step":
             step_tab(data)
-        with tabs[1]:
+        elif page == "Run":
             run_tab(data)
-        with tabs[2]:
+        elif page == "Search":
             search_tab(data, label)
-        with tabs[3]:
+        else:
             compare_tab(data)
-    with tabs[4]:
-        calibrate_tab()
 
 
 main()
