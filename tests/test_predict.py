@@ -10,6 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from plan import loader
+from twin import api
 from twin.cli.app import app
 from twin.step.predict import PredictOptions, predict, straggler_factor
 
@@ -105,8 +106,29 @@ def test_predict_cli_json_and_trace(tmp_path: Path) -> None:
     events = json.loads(trace.read_text())["traceEvents"]
     slices = [e for e in events if e["ph"] == "X"]
     plan = loader.load("cpu-tiny")
-    assert len(slices) == 2 * plan.num_microbatches * plan.layout.num_stages
-    assert {e["tid"] for e in slices} == set(range(plan.layout.pp))
+    actions = [e for e in slices if e["cat"] in ("forward", "backward")]
+    assert len(actions) == 2 * plan.num_microbatches * plan.layout.num_stages
+    assert {e["tid"] for e in actions} == {2 * r for r in range(plan.layout.pp)}  # each rank's action lane
+    assert {e["tid"] for e in slices} == set(range(2 * plan.layout.pp))  # and its communication lane
+
+
+@pytest.mark.parametrize("preset", ["deepseek-v3-2k", "llama3-405b-16k", "reference-100k"])
+def test_the_timeline_holds_the_whole_step_and_its_communication(preset: str) -> None:
+    """The trace ends where the step does (the DeepSeek preset's stopped at 6.08 of 6.60 s), with each rank's
+    exposed communication, barrier and optimizer, and interleaved chunks told apart."""
+    pred = api.predict(preset, PredictOptions(every_microbatch=True))
+    assert max(s["end_s"] for s in pred.timeline) == pytest.approx(pred.step_time_s, rel=1e-12)
+    kinds = {s["kind"] for s in pred.timeline}
+    assert {"barrier", "optimizer", "DP"} <= kinds
+    plan = api.load_plan(preset)
+    assert ("EP" in kinds) == (plan.layout.ep > 1) and ("TP" in kinds) == (plan.layout.tp > 1)
+    chunks = {s["chunk"] for s in pred.timeline if s["kind"] == "F"}
+    assert chunks == set(range(plan.layout.virtual_stages))
+    comm = {k: sum(s["end_s"] - s["start_s"] for s in pred.timeline if s["kind"] == k and s["rank"] == 0)
+            for k in ("TP", "EP")}  # fmt: skip
+    ranks = pred.stage_phases_s[0]
+    assert comm["TP"] == pytest.approx(ranks["comm_tp"], rel=1e-9, abs=1e-12)
+    assert comm["EP"] == pytest.approx(ranks["comm_ep"], rel=1e-9, abs=1e-12)
 
 
 def test_predict_cli_rejects_a_bad_layout_in_one_line() -> None:

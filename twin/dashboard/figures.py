@@ -14,7 +14,19 @@ from twin.search.engine import Candidate, SearchResult
 from twin.step.memory import MemoryBreakdown
 from twin.step.predict import StepPrediction
 
-KIND_COLOURS = {"F": "#4C78A8", "B": "#F58518", "W": "#54A24B"}
+KIND_COLOURS = {
+    "F": "#4C78A8",
+    "B": "#F58518",
+    "W": "#54A24B",
+    "TP": "#E45756",
+    "CP": "#72B7B2",
+    "EP": "#B279A2",
+    "DP": "#9D755D",
+    "PP": "#FF9DA6",
+    "barrier": "#BAB0AC",
+    "optimizer": "#EECA3B",
+}
+KIND_NAMES = {"F": "forward", "B": "backward", "W": "weight grad"}
 MEMORY_PARTS = ("params", "grads", "optimizer", "activations", "transient", "reserved")
 
 
@@ -53,25 +65,28 @@ def memory_bars(ranks: Sequence[MemoryBreakdown]) -> go.Figure:
 
 
 def timeline_gantt(pred: StepPrediction) -> go.Figure:
-    """The simulated step as a Gantt chart: one lane per pipeline rank, a bar per action (forward, backward,
-    weight gradient) labelled with its microbatch and stage (the chunk), from the events `--trace` writes."""
+    """The simulated step as a Gantt chart, from the events `--trace` writes: per pipeline rank a lane of its
+    actions (forward, backward, weight gradient; microbatch, stage and chunk on hover) ending in the barrier and
+    the optimizer, and a lane of its exposed communication (TP, CP, EP, DP, PP)."""
     fig = go.Figure()
     frame = pd.DataFrame(pred.timeline)
     if frame.empty:
         return fig
+    lanes = zip(frame["rank"], frame["track"], strict=True)
+    frame["lane"] = [f"pp {r}" + (" comm" if t == "comm" else "") for r, t in lanes]
     for kind, group in frame.groupby("kind"):
         fig.add_bar(
-            y=[f"pp {r}" for r in group["rank"]],
+            y=group["lane"],
             x=group["end_s"] - group["start_s"],
             base=group["start_s"],
             orientation="h",
-            name={"F": "forward", "B": "backward", "W": "weight grad"}[str(kind)],
-            marker_color=KIND_COLOURS[str(kind)],
-            customdata=group[["microbatch", "stage"]],
-            hovertemplate="mb %{customdata[0]} stage %{customdata[1]}: %{base:.3f}-%{x:.3f} s",
+            name=KIND_NAMES.get(str(kind), str(kind)),
+            marker_color=KIND_COLOURS.get(str(kind), "#888888"),
+            customdata=group[["microbatch", "stage", "chunk"]],
+            hovertemplate="mb %{customdata[0]} stage %{customdata[1]} chunk %{customdata[2]}: from %{base:.3f} s",
         )
     fig.add_vline(x=pred.step_time_s, line_dash="dash", annotation_text="step end")
-    fig.update_layout(barmode="overlay", xaxis_title="seconds", height=120 + 28 * frame["rank"].nunique())
+    fig.update_layout(barmode="overlay", xaxis_title="seconds", height=120 + 22 * frame["lane"].nunique())
     fig.update_yaxes(autorange="reversed")
     return fig
 

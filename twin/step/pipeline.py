@@ -81,7 +81,8 @@ class PipelineInput:
 
 @dataclass(frozen=True)
 class Slice:
-    """One action as it ran."""
+    """One action as it ran (kind F, B, W; track "compute"), the exposed communication inside or around it (TP, CP,
+    EP, DP, PP; track "comm"), or the step's end on a rank (barrier, optimizer; stage and microbatch -1)."""
 
     rank: int
     stage: int
@@ -89,6 +90,7 @@ class Slice:
     microbatch: int
     start: float
     end: float
+    track: str = "compute"
 
 
 @dataclass
@@ -238,6 +240,7 @@ class _Sim:
                 waited = self.env.now - t0
                 on_wire = min(waited, max(0.0, self.env.now - self.sent_at.get(key, self.env.now)))
                 times.pp += on_wire
+                self.mark(rank, "PP", self.env.now - on_wire, self.env.now, a)
                 times.bubble += waited - on_wire
                 late = self.wakeup_s(rank, waited) if waited > 0 else 0.0
                 if late > 0:
@@ -248,18 +251,23 @@ class _Sim:
                 t0 = self.env.now
                 yield self.gathered[a.stage]
                 times.dp += self.env.now - t0
+                self.mark(rank, "DP", t0, self.env.now, a)
             cost = self.inp.cost(a)
             start = self.env.now
             if a in self.final_grad and self.inp.dp_stage_s.get(a.stage, 0.0) > 0:
                 self.launch_buckets(rank, a.stage, start, cost.total)
             yield from self.run_action(rank, a, cost, times)
             self.slices.append(Slice(rank, a.stage, a.kind, a.microbatch, start, self.env.now))
+            at = self.env.now - (cost.tp + cost.cp + cost.ep + cost.dp)  # an action's exposed collectives end it
+            for axis in ("tp", "cp", "ep", "dp"):
+                at = self.mark(rank, axis.upper(), at, at + getattr(cost, axis), a)
             self.event(self.done, (a.kind, a.stage, a.microbatch)).succeed()
             sent = self.send(a, rank)
             if sent is not None and self.inp.blocking_sends:
                 t0 = self.env.now
                 yield sent
                 times.pp += self.env.now - t0
+                self.mark(rank, "PP", t0, self.env.now, a)
         compute_end = self.env.now
         if self.pending_dp[rank]:
             yield self.env.all_of(self.pending_dp[rank])
@@ -268,11 +276,23 @@ class _Sim:
         if after > 0:
             yield self.work(rank, after)
         times.dp += self.env.now - compute_end
+        self.mark(rank, "DP", compute_end, self.env.now)
+        start = self.env.now
         yield from self.join_barrier(rank, times)
+        self.mark(rank, "barrier", start, self.env.now, track="compute")
         start = self.env.now
         yield self.work(rank, self.inp.optimizer_s.get(rank, 0.0))
         times.optimizer += self.env.now - start
+        self.mark(rank, "optimizer", start, self.env.now, track="compute")
         times.end = self.env.now
+
+    def mark(
+        self, rank: int, kind: str, start: float, end: float, a: Action | None = None, track: str = "comm"
+    ) -> float:
+        """Record a span of a rank's step for the timeline (nothing if it is empty); returns its end."""
+        if end > start:
+            self.slices.append(Slice(rank, a.stage if a else -1, kind, a.microbatch if a else -1, start, end, track))
+        return end
 
     def join_barrier(self, rank: int, times: RankTimes) -> Generator[simpy.Event, Any, None]:
         """Wait for every rank to reach the step-end all-reduce, then run it; all of it is waiting for peers."""

@@ -37,7 +37,7 @@ from twin.step.costs import (
 from twin.step.kernels import PassCost, head_cost
 from twin.step.memory import MemoryBreakdown, rank_breakdowns, stage_layer_ranges, stage_params
 from twin.step.memory import activation_bytes as layer_activation_bytes
-from twin.step.pipeline import PipelineInput, PipelineResult, simulate
+from twin.step.pipeline import PipelineInput, PipelineResult, Slice, simulate
 from twin.step.steady import simulate_extended
 
 
@@ -227,11 +227,24 @@ def _summarise(
                 "microbatch": s.microbatch,
                 "start_s": s.start,
                 "end_s": s.end,
+                "track": s.track,
+                "chunk": s.stage // lay.pp if s.stage >= 0 else -1,
             }
-            for s in result.slices
+            for s in result.slices + _step_tail(result, gather_exposed, straggle, data_wait)
         ],
         stage_phases_s=[r.phases() for r in result.ranks],
     )
+
+
+def _step_tail(result: PipelineResult, gather: float, straggle: float, wait: float) -> tuple[Slice, ...]:
+    """What the step adds after the simulated pipeline, on every rank: the exposed ZeRO parameter all-gather, the
+    slowest rank's expected lag, and waiting for data, so the timeline ends where the step does."""
+    spans, start = [], result.step_s
+    for kind, seconds, track in (("DP", gather, "comm"), ("straggler", straggle, "compute"), ("data", wait, "compute")):
+        if seconds > 0:
+            spans += [Slice(r, -1, kind, -1, start, start + seconds, track) for r in range(len(result.ranks))]
+            start += seconds
+    return tuple(spans)
 
 
 def _hardware_flops_per_step(ctx: StepContext, kinds: dict[bool, PassCost]) -> float:

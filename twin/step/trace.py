@@ -1,4 +1,6 @@
-"""The simulated step as a Chrome / Perfetto trace: one lane per pipeline rank, one slice per microbatch action."""
+"""The simulated step as a Chrome / Perfetto trace: two lanes per pipeline rank — its actions (forward, backward,
+weight gradient, each named by microbatch and chunk), then the step-end barrier and optimizer; and the exposed
+communication (TP, CP, EP inside actions, DP buckets and tails, PP transfers waited on)."""
 
 from __future__ import annotations
 
@@ -8,7 +10,8 @@ from typing import Any
 
 from twin.step.predict import StepPrediction
 
-NAMES = {"F": "forward", "B": "backward", "W": "weight-grad"}
+NAMES = {"F": "forward", "B": "backward", "W": "weight-grad", "barrier": "step end", "optimizer": "step end"}
+LANES = ("compute", "comm")
 
 
 def chrome_trace(pred: StepPrediction) -> dict[str, Any]:
@@ -17,18 +20,21 @@ def chrome_trace(pred: StepPrediction) -> dict[str, Any]:
         {"name": "process_name", "ph": "M", "pid": 0, "args": {"name": f"{pred.plan} on {pred.cluster}"}}
     ]
     for rank in sorted({s["rank"] for s in pred.timeline}):
-        events.append({"name": "thread_name", "ph": "M", "pid": 0, "tid": rank, "args": {"name": f"pp rank {rank}"}})
+        for i, lane in enumerate(LANES):
+            name = f"pp rank {rank}" + (" comm" if lane == "comm" else "")
+            events.append({"name": "thread_name", "ph": "M", "pid": 0, "tid": 2 * rank + i, "args": {"name": name}})
     for s in pred.timeline:
+        action = s["kind"] in ("F", "B", "W")
         events.append(
             {
-                "name": f"{s['kind']}{s['microbatch']}",
-                "cat": NAMES[s["kind"]],
+                "name": f"{s['kind']}{s['microbatch']}" + (f".c{s['chunk']}" if action else ""),
+                "cat": NAMES.get(s["kind"], "communication"),
                 "ph": "X",
                 "pid": 0,
-                "tid": s["rank"],
+                "tid": 2 * s["rank"] + LANES.index(s["track"]),
                 "ts": s["start_s"] * 1e6,
                 "dur": (s["end_s"] - s["start_s"]) * 1e6,
-                "args": {"stage": s["stage"], "microbatch": s["microbatch"]},
+                "args": {"stage": s["stage"], "chunk": s["chunk"], "microbatch": s["microbatch"]},
             }
         )
     return {"traceEvents": events, "displayTimeUnit": "ms"}
