@@ -156,6 +156,7 @@ def test_profile_round_trips_as_a_cluster_file(synthetic: tuple[Cluster, Cluster
         assert get_field(again, p.path) == pytest.approx(p.value)
 
 
+@pytest.mark.slow  # a whole least-squares fit through the command: about 15 s on 2 cores
 def test_calibrate_command_writes_a_profile_plans_can_name(
     synthetic: tuple[Cluster, Cluster, list[Path]], tmp_path: Path
 ) -> None:
