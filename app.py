@@ -128,6 +128,12 @@ def choose_plan() -> tuple[dict[str, Any] | None, str]:
         for key in WIDGETS:
             st.session_state.pop(key, None)
         st.session_state["_base"] = label
+    loaded = st.session_state.pop("load_layout", None)
+    if loaded:  # a layout picked in the search: the widgets start from it
+        base["layout"] = layout = {**layout, **loaded["layout"], "stage_layers": None}
+        base["training"] = {**base["training"], "global_batch": loaded["global_batch"]}
+        for key in WIDGETS:
+            st.session_state.pop(key, None)
 
     with sb.expander("cluster what-ifs"):
         cl = api.load_cluster(base["cluster"] if isinstance(base["cluster"], str) else base["cluster"]["name"])
@@ -291,8 +297,34 @@ def search_tab(data: dict[str, Any], label: str) -> None:
     )
     objective = c3.selectbox("objective", ["time", "cost", "mfu", "goodput-time"])
     top = c4.number_input("top", 1, 20, 5)
-    if not st.button("search", key="search"):
+    if st.button("search", key="search"):
+        st.session_state["search_result"] = run_search(data, int(gpus), float(tokens), objective, int(top))
+    result = st.session_state.get("search_result")
+    if result is None:
         return
+    st.dataframe(figures.candidates_table(result.top), hide_index=True)
+    picked = st.plotly_chart(
+        figures.pareto_scatter(result), width="stretch", on_select="rerun", selection_mode="points", key="pareto"
+    )
+    points = picked.selection.points if picked else []
+    clicked = points[0].get("customdata") if points else None
+    clicked = clicked[0] if isinstance(clicked, list) else clicked
+    if clicked == st.session_state.get("loaded_point"):
+        clicked = None  # the selection that was loaded last time stays selected: load it once
+    labels = [c.label for c in result.top]
+    choice = st.selectbox("a top layout", labels, key="load_choice")
+    if clicked is not None or st.button("load it as the plan", key="load"):
+        st.session_state["loaded_point"] = clicked
+        cand = result.simulated[int(clicked)] if clicked is not None else result.top[labels.index(choice)]
+        st.session_state["load_layout"] = {
+            "layout": cand.plan.layout.model_dump(mode="json"),
+            "global_batch": cand.plan.training.global_batch,
+        }
+        st.rerun()
+
+
+def run_search(data: dict[str, Any], gpus: int, tokens: float, objective: str, top: int) -> Any:
+    """`api.search` on the sidebar's plan with a live line of progress; None (and the reason shown) if it fails."""
     path = Path(st.session_state.setdefault("search_dir", _temp_dir())) / "plan.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     with st.status("searching layouts", expanded=True) as status:
@@ -300,19 +332,18 @@ def search_tab(data: dict[str, Any], label: str) -> None:
         try:
             result = api.search(
                 str(path),
-                gpus=int(gpus),
-                batch_tokens=float(tokens),
+                gpus=gpus,
+                batch_tokens=tokens,
                 objective=objective,
-                top=int(top),
+                top=top,
                 progress=lambda t: line.write(f"{t.shapes:,} layouts, {t.pruned:,} pruned, {t.simulated:,} simulated"),
             )
         except PlanError as exc:
             status.update(label="search failed", state="error")
             st.error(str(exc))
-            return
+            return None
         status.update(label=f"{result.tally.simulated} layouts simulated", state="complete")
-    st.dataframe(figures.candidates_table(result.top), hide_index=True)
-    st.plotly_chart(figures.pareto_scatter(result), width="stretch")
+    return result
 
 
 def _temp_dir() -> str:

@@ -176,3 +176,18 @@ def test_a_model_of_ones_own_on_a_catalogue_cluster() -> None:
     assert "step time" in _metrics(at)
     at.number_input(key="spares").set_value(2).run()
     assert not at.exception
+
+
+def test_a_searched_layout_loads_as_the_plan() -> None:
+    at = _app()
+    at.selectbox(key="preset").set_value("gpt-1b-h100").run()
+    _open(at, "Search")
+    at.button(key="search").click().run()
+    result = at.session_state["search_result"]
+    best = result.top[0]
+    at.selectbox(key="load_choice").set_value(best.label).run()
+    at.button(key="load").click().run()
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    assert at.selectbox(key="tp").value == best.shape.tp and at.number_input(key="dp").value == best.shape.dp
+    _open(at, "Step")
+    assert _metrics(at)["step time"] == f"{best.outcome.step_time_s:.3f} s"

@@ -159,18 +159,20 @@ def checkpoint_sweep(sweep: Sweep) -> go.Figure:
 
 
 def pareto_scatter(result: SearchResult) -> go.Figure:
-    """Every simulated layout by days to train and memory headroom, the Pareto front highlighted."""
+    """Every simulated layout by days to train and memory headroom, the Pareto front highlighted; each point's
+    customdata is its index in `result.simulated` (a click picks it)."""
     fig = go.Figure()
     front = {id(c) for c in result.pareto}
     for on_front, name in ((False, "simulated"), (True, "Pareto front")):
-        cands = [c for c in result.simulated if (id(c) in front) == on_front]
+        index = [i for i, c in enumerate(result.simulated) if (id(c) in front) == on_front]
+        cands = [result.simulated[i] for i in index]
         fig.add_scatter(
             x=[c.outcome.days_to_train for c in cands],
             y=[c.headroom_GiB for c in cands],
             mode="markers",
             name=name,
             text=[c.label for c in cands],
-            customdata=[c.shape.gpus for c in cands],
+            customdata=index,
             marker={"size": 11 if on_front else 6},
             hovertemplate="%{text}<br>%{x:.1f} days, %{y:.1f} GiB free",
         )
