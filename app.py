@@ -18,6 +18,7 @@ import yaml
 from plan import loader
 from plan.errors import PlanError
 from twin import api, fit
+from twin.calibrate.report import phase_figure, read_rows, step_figure
 from twin.dashboard import figures
 from twin.step.predict import PredictOptions, StepPrediction
 
@@ -370,21 +371,30 @@ def compare_tab(data: dict[str, Any]) -> None:
 
 def calibrate_tab() -> None:
     profiles = [n for n in loader.cluster_names() if n.startswith("calibrated/")]
-    if not profiles:
-        st.info("No calibrated profile yet: run `twin loop` or `twin calibrate`.")
-        return
-    name = st.selectbox("calibrated profile", profiles)
-    cal = api.load_cluster(name).calibration
+    cal = api.load_cluster(st.selectbox("calibrated profile", profiles)).calibration if profiles else None
     if cal is None:
-        st.info("This profile has no calibration record.")
+        st.info("No calibrated profile with a calibration record yet: run `twin loop` or `twin calibrate`.")
+    else:
+        st.metric("residual RMS", f"{cal.residual_rms:.1%}", help=f"run-to-run spread {cal.step_cv:.1%}")
+        knobs = [{"knob": p.path, "before": p.before, "fitted": p.value, "±1σ": p.std} for p in cal.parameters]
+        st.dataframe(knobs, hide_index=True)
+    report = st.text_input("a `twin loop` output directory", key="loop_dir")
+    if not report:
         return
-    st.metric("residual RMS", f"{cal.residual_rms:.1%}", help=f"run-to-run spread {cal.step_cv:.1%}")
-    st.dataframe(
-        [{"knob": p.path, "before": p.before, "fitted": p.value, "±1σ": p.std} for p in cal.parameters], hide_index=True
-    )
-    report = st.text_input("a `twin loop` output directory (report.md)")
-    if report and (Path(report) / "report.md").is_file():
-        st.markdown((Path(report) / "report.md").read_text())
+    out = Path(report).expanduser()
+    if not (out / "rows.json").is_file():
+        st.error(f"{out}: no rows.json here; give the --out directory of a `twin loop` run")
+        return
+    try:
+        rows = read_rows(out)
+    except (OSError, ValueError, TypeError, KeyError) as exc:
+        st.error(f"{out / 'rows.json'}: cannot be read ({exc}); run `twin loop` again to rewrite it")
+        return
+    st.subheader("predicted against measured, per layout (95% intervals of the calibrated profile)")
+    st.plotly_chart(step_figure(rows), width="stretch")
+    st.subheader("where each step went, measured and predicted")
+    st.plotly_chart(phase_figure(rows), width="stretch")
+    st.dataframe([r.to_json() for r in rows], hide_index=True)
 
 
 PAGES = ("Step", "Run", "Search", "Compare", "Calibrate")

@@ -191,3 +191,24 @@ def test_a_searched_layout_loads_as_the_plan() -> None:
     assert at.selectbox(key="tp").value == best.shape.tp and at.number_input(key="dp").value == best.shape.dp
     _open(at, "Step")
     assert _metrics(at)["step time"] == f"{best.outcome.step_time_s:.3f} s"
+
+
+def test_a_loop_report_opens_on_the_calibrate_page(tmp_path: Path) -> None:
+    from twin.calibrate.fit import PHASE_GROUPS
+    from twin.calibrate.report import Row, read_rows, write_report
+
+    phases = dict.fromkeys(PHASE_GROUPS, 0.1)
+    rows = [
+        Row(f"plan{i}", "fit" if i else "held out", 1.0 + i, 0.05, 2, 0.5 + i, 1.02 + i, 0.9 + i, 1.1 + i,
+            phases, phases)
+        for i in range(3)
+    ]  # fmt: skip
+    write_report(tmp_path, rows, "a loop", [])
+    assert read_rows(tmp_path) == rows
+    at = _app()
+    _open(at, "Calibrate")
+    at.text_input(key="loop_dir").set_value(str(tmp_path)).run()
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    assert len(at.get("plotly_chart")) == 2
+    at.text_input(key="loop_dir").set_value(str(tmp_path / "nothing")).run()
+    assert any("no rows.json" in e.value for e in at.error)

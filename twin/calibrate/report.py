@@ -146,6 +146,13 @@ def phase_figure(rows: list[Row]) -> go.Figure:
     return fig
 
 
+def read_rows(out: Path) -> list[Row]:
+    """The rows a `twin loop` wrote to `out`/rows.json (its derived error columns recomputed, not read)."""
+    data = json.loads((out / "rows.json").read_text())
+    fields = set(Row.__dataclass_fields__)
+    return [Row(**{k: v for k, v in row.items() if k in fields}) for row in data["rows"]]
+
+
 def write_report(out: Path, rows: list[Row], title: str, notes: list[str]) -> None:
     """report.md, report.html (both figures) and rows.json under `out`."""
     out.mkdir(parents=True, exist_ok=True)
