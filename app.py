@@ -285,7 +285,7 @@ def run_tab(data: dict[str, Any]) -> None:
                 st.error(str(exc))
 
 
-def search_tab(data: dict[str, Any], label: str) -> None:
+def search_tab(data: dict[str, Any]) -> None:
     c1, c2, c3, c4 = st.columns(4)
     gpus = c1.number_input(
         "at most GPUs",
@@ -326,13 +326,11 @@ def search_tab(data: dict[str, Any], label: str) -> None:
 
 def run_search(data: dict[str, Any], gpus: int, tokens: float, objective: str, top: int) -> Any:
     """`api.search` on the sidebar's plan with a live line of progress; None (and the reason shown) if it fails."""
-    path = Path(st.session_state.setdefault("search_dir", _temp_dir())) / "plan.yaml"
-    path.write_text(yaml.safe_dump(data, sort_keys=False))
     with st.status("searching layouts", expanded=True) as status:
         line = st.empty()
         try:
             result = api.search(
-                str(path),
+                data,
                 gpus=gpus,
                 batch_tokens=tokens,
                 objective=objective,
@@ -345,12 +343,6 @@ def run_search(data: dict[str, Any], gpus: int, tokens: float, objective: str, t
             return None
         status.update(label=f"{result.tally.simulated} layouts simulated", state="complete")
     return result
-
-
-def _temp_dir() -> str:
-    import tempfile
-
-    return tempfile.mkdtemp(prefix="clustertwin-")
 
 
 def compare_tab(data: dict[str, Any]) -> None:
@@ -416,7 +408,7 @@ def main() -> None:
         elif page == "Run":
             run_tab(data)
         elif page == "Search":
-            search_tab(data, label)
+            search_tab(data)
         else:
             compare_tab(data)
 

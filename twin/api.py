@@ -368,7 +368,7 @@ def calibrate(
 
 
 def search(
-    model_or_plan: str,
+    model_or_plan: str | Mapping[str, Any],
     cluster: str | None = None,
     overrides: Iterable[str] = (),
     *,

@@ -155,7 +155,7 @@ def search(
             shape, knob, plan = pending.pop(fut)
             outcome = fut.result()
             tally.simulated += 1
-            cand = Candidate(shape, knob, plan, outcome, outcome.gpu_hours * price, score(plan, outcome.step_time_s))
+            cand = _candidate(shape, knob, plan, outcome, price, score)
             simulated.append(cand)
             entry = (-cand.objective, _order(cand), cand)
             if len(best) < top_k:
@@ -257,6 +257,13 @@ def _given(
     if peak > capacity:
         return f"{plan.name}: does not fit in memory ({peak:,.1f} of {capacity:,.1f} GiB per GPU)"
     outcome = simulate(plan.model_dump(mode="json"))
+    return _candidate(shape, knob, plan, outcome, price, score)
+
+
+def _candidate(
+    shape: Shape, knob: Knobs, plan: Plan, outcome: Outcome, price: float, score: Callable[[Plan, float], float]
+) -> Candidate:
+    """A simulated layout, priced and scored."""
     return Candidate(shape, knob, plan, outcome, outcome.gpu_hours * price, score(plan, outcome.step_time_s))
 
 
@@ -284,7 +291,8 @@ def why_better(a: Candidate, b: Candidate, most: int = 2) -> str:
     scale = b.outcome.step_time_s / per_b
     ranked = sorted(deltas.items(), key=lambda kv: abs(kv[1]), reverse=True)[:most]
     parts = [f"{name} {delta / scale:+.1%}" for name, delta in ranked if abs(delta) > 1e-4 * scale]
-    parts = [p + " of the next's time per token" for p in parts[:1]] + parts[1:]
+    if parts:
+        parts[0] += " of the next's time per token"
     if a.shape.gpus != b.shape.gpus:
         parts.append(f"{a.shape.gpus:,} vs {b.shape.gpus:,} GPUs")
     return ", ".join(parts) or "the same step"

@@ -242,13 +242,10 @@ def _rank_layers(plan: Plan) -> list[RankLayers]:
         stages = [s for s in range(lay.num_stages) if schedules.stage_rank(lay.schedule, lay.pp, s) == rank]
         mine = [i for s in stages for i in ranges[s]]
         before = [i for s in range(min(stages)) for i in ranges[s]]
-        is_moe = [m.is_moe and i >= m.dense_layers for i in mine], [m.is_moe and i >= m.dense_layers for i in before]
-        out.append(
-            RankLayers(
-                is_moe[0].count(False), sum(is_moe[0]), is_moe[1].count(False), sum(is_moe[1]),
-                first=0 in stages, last=lay.num_stages - 1 in stages,
-            )
-        )  # fmt: skip
+        moe_mine = sum(m.is_moe and i >= m.dense_layers for i in mine)
+        moe_before = sum(m.is_moe and i >= m.dense_layers for i in before)
+        first, last = 0 in stages, lay.num_stages - 1 in stages
+        out.append(RankLayers(len(mine) - moe_mine, moe_mine, len(before) - moe_before, moe_before, first, last))
     return out
 
 

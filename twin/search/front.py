@@ -38,17 +38,19 @@ class Base:
     """What the search assumed, in a line each."""
 
 
-def base_of(source: str, cluster: str | None, overrides: Iterable[str], limits: Limits = DEFAULT_LIMITS) -> Base:
-    """A model preset (with `cluster`) or a plan (preset or path; `cluster` replaces its own) as the search's base."""
+def base_of(
+    source: str | Mapping[str, Any], cluster: str | None, overrides: Iterable[str], limits: Limits = DEFAULT_LIMITS
+) -> Base:
+    """A model preset (with `cluster`) or a plan (preset, path or plan data; `cluster` replaces its own) as the
+    search's base."""
     overrides = list(overrides)
-    is_plan = source in loader.plan_presets() or source.endswith((".yaml", ".yml"))
-    if is_plan:
-        data, _ = loader.plan_data(source, overrides + ([f"cluster={cluster}"] if cluster else []), limits)
-        try:
-            given: Plan | str = loader.validate_plan(data, source)
-        except PlanError as exc:  # the search may still find layouts for its model, fleet and batch
-            given = str(exc)
-        return Base(data, given, ())
+    as_plan = overrides + ([f"cluster={cluster}"] if cluster else [])
+    if isinstance(source, Mapping):
+        data = loader.apply_overrides(loader.expand_model(dict(source), "plan"), as_plan, limits)
+        return Base(data, _given(data, "plan"), ())
+    if source in loader.plan_presets() or source.endswith((".yaml", ".yml")):
+        data, _ = loader.plan_data(source, as_plan, limits)
+        return Base(data, _given(data, source), ())
     if source not in loader.model_presets():
         raise PlanError(
             f"{source}: neither a plan (a preset or a .yaml path) nor a model preset; models: "
@@ -66,6 +68,15 @@ def base_of(source: str, cluster: str | None, overrides: Iterable[str], limits: 
         data["training"]["tokens"] = float(CHINCHILLA_TOKENS_PER_PARAM * param_count(probe.model).total)
     note = f"training tokens: {data['training']['tokens']:.3g} (20 per parameter, Hoffmann et al. 2022)"
     return Base(data, None, (note,))
+
+
+def _given(data: Mapping[str, Any], origin: str) -> Plan | str:
+    """The plan as given, or why the loader refuses it (the search may still find layouts for its model, fleet and
+    batch)."""
+    try:
+        return loader.validate_plan(data, origin)
+    except PlanError as exc:
+        return str(exc)
 
 
 def space_of(
@@ -110,7 +121,7 @@ def space_of(
 
 
 def run(
-    source: str,
+    source: str | Mapping[str, Any],
     cluster: str | None = None,
     overrides: Iterable[str] = (),
     gpus: Range | None = None,
