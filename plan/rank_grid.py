@@ -141,9 +141,14 @@ class RankGrid:
 
     def group_of(self, rank: int, *axes: str) -> tuple[int, ...]:
         """The ranks of `rank`'s group along `axes`, in group order."""
-        rows = self.groups(*axes)
-        row = np.nonzero((rows == rank).any(axis=1))[0][0]
-        return tuple(int(r) for r in rows[row])
+        if not 0 <= rank < self.world_size:
+            raise ValueError(f"rank grid: rank {rank} outside 0..{self.world_size - 1}")
+        varying = self._expand(axes)
+        at = np.unravel_index(rank, self.grid.shape)
+        # the rank's own coordinates on the fixed axes, every coordinate on the varying ones: its row of groups()
+        sub = self.grid[tuple(slice(None) if a in varying else at[i] for i, a in enumerate(self.physical_axes))]
+        kept = [a for a in self.physical_axes if a in varying]
+        return tuple(sub.transpose([kept.index(a) for a in varying]).ravel().tolist())
 
     def mesh(self, dims: Sequence[str]) -> np.ndarray:
         """The ranks arranged with one array axis per name in `dims` (outermost first), for a DeviceMesh.

@@ -56,6 +56,15 @@ def test_groups_partition_the_ranks(grid: RankGrid, axes: tuple[str, ...]) -> No
             assert len(set(coords[axis][row].tolist())) == 1, (axes, axis)
 
 
+@pytest.mark.parametrize("grid", LAYOUTS[1:], ids=lambda g: f"{g.dp}x{g.tp}x{g.pp}x{g.cp}e{g.ep}")
+@pytest.mark.parametrize("axes", [("tp",), ("pp",), ("dp",), ("ep",), ("edp",), ("dp", "cp"), ("pp", "tp")])
+def test_group_of_is_the_rank_s_row_of_groups(grid: RankGrid, axes: tuple[str, ...]) -> None:
+    # group_of indexes the rank's own row directly; it must be the row of groups() that holds the rank, in order
+    for row in grid.groups(*axes):
+        for rank in row.tolist():
+            assert grid.group_of(rank, *axes) == tuple(row.tolist())
+
+
 def test_tp_groups_are_consecutive_ranks_inside_a_node() -> None:
     tp = REFERENCE.groups("tp")
     assert np.array_equal(tp, np.arange(REFERENCE.world_size).reshape(-1, 8))

@@ -24,6 +24,7 @@ from twin.step import schedules
 from twin.step.comm_costs import dp_costs, layer_comm, p2p_costs
 from twin.step.context import PredictOptions, shape_of, step_context
 from twin.step.costs import NORM_REDUCTION_BYTES, layer_costs, optimizer_s
+from twin.step.fabric import Fabric
 from twin.step.kernels import embedding_cost, head_cost
 from twin.step.memory import stage_layer_ranges
 from twin.step.pipeline import PipelineInput
@@ -58,6 +59,7 @@ class Bounds:
 
     def __init__(self, base: Mapping[str, Any], cluster: Cluster, stack: Stack) -> None:
         self.base, self.cluster, self.stack = base, cluster, stack
+        self.fabric = Fabric(cluster)  # one for every candidate: its spans are cached per layout
         self._layer: dict[tuple[Any, ...], dict[Any, tuple[float, float]]] = {}
         self._ranks: dict[tuple[Any, ...], list[RankLayers]] = {}
         self.hits = self.misses = 0
@@ -97,7 +99,7 @@ class Bounds:
     def _per_layer_s(self, plan: Plan) -> dict[Any, tuple[float, float]]:
         """Forward and backward seconds of one layer's actions for one microbatch (the lesser of the plain and the
         overlapped-pair costs where DualPipe pairs them), and the embedding's and the output head's compute."""
-        ctx = step_context(plan, self.cluster, PredictOptions(), self.stack)
+        ctx = step_context(plan, self.cluster, PredictOptions(), self.stack, self.fabric)
         full = plan.layout.recompute == "full"
         shape = shape_of(ctx)
         out: dict[Any, tuple[float, float]] = {}
@@ -140,7 +142,7 @@ class Bounds:
             b = sum(cost[k][1] for k in kinds) + sum(cost[e][1] for e in extras)
             w = sum(cost[("W", k)][1] for k in [*kinds, *extras]) if split else 0.0
             durations["F", stage], durations["B", stage], durations["W", stage] = f, b - w, w
-        ctx = step_context(plan, self.cluster, PredictOptions(), self.stack)
+        ctx = step_context(plan, self.cluster, PredictOptions(), self.stack, self.fabric)
         owner = [schedules.stage_rank(lay.schedule, lay.pp, s) for s in range(lay.num_stages)]
         orders = schedules.build(lay.schedule, lay.pp, lay.virtual_stages, plan.num_microbatches)
         finish, done = _longest_path(orders, durations, owner, p2p_costs(ctx))

@@ -143,7 +143,8 @@ def _batches(
     step = pp if schedule == "interleaved-1f1b" else 1  # microbatches per replica a multiple of pp
     least = 2 * pp if schedule in ("zbv", "dualpipe-v") else 1
     model_parallel = tp * cp * pp
-    for dp in range(hi // model_parallel, 0, -1):
+    # past hi_b // (mbs·step) replicas even one microbatch each is over the largest batch: start below that
+    for dp in range(min(hi // model_parallel, hi_b // (mbs * step)), 0, -1):
         if dp * model_parallel < lo:
             return
         if dp % ep:

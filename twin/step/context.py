@@ -73,7 +73,7 @@ class StepContext:
         return self.cluster.compute.dp_overlap_fraction
 
     def span(self, *axes: str) -> GroupSpan:
-        return self.fabric.span(self.grid.group_of(0, *axes))
+        return self.fabric.group_span(self.grid, axes)
 
     def time(self, op: str, nbytes: float, span: GroupSpan) -> float:
         if self.options.free_comm:
@@ -92,8 +92,11 @@ def grad_reduce_bytes(plan: Plan, stack: Stack) -> int:
     return max(2, DTYPE_BYTES[tr.grad_reduce_dtype or stack.grad_reduce_dtype or tr.dtype])
 
 
-def step_context(plan: Plan, cluster: Cluster, options: PredictOptions, stack: Stack | None = None) -> StepContext:
-    """The context every cost function takes; the plan's own stack unless one is given."""
+def step_context(
+    plan: Plan, cluster: Cluster, options: PredictOptions, stack: Stack | None = None, fabric: Fabric | None = None
+) -> StepContext:
+    """The context every cost function takes; the plan's own stack unless one is given, and a fabric of its own
+    unless one of `cluster` with `options`' relocations is given (a search shares one, and its span cache)."""
     lay = plan.layout
     node = cluster.node
     stack = stack or loader.plan_stack(plan)
@@ -102,7 +105,7 @@ def step_context(plan: Plan, cluster: Cluster, options: PredictOptions, stack: S
         plan=plan,
         cluster=cluster,
         stack=stack,
-        fabric=Fabric(cluster, dict(options.relocated)),
+        fabric=fabric or Fabric(cluster, dict(options.relocated)),
         grid=RankGrid.from_layout(lay),
         device=Device.of(
             cluster,

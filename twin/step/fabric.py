@@ -28,6 +28,7 @@ import networkx as nx
 import numpy as np
 
 from plan.cluster import Cluster
+from plan.rank_grid import RankGrid
 
 GB = 1e9
 US = 1e-6
@@ -101,6 +102,7 @@ class Fabric:
             ),
         )
         self._spans: dict[tuple[int, ...], GroupSpan] = {}
+        self._group_spans: dict[tuple[RankGrid, tuple[str, ...]], GroupSpan] = {}
 
     # --- placement -------------------------------------------------------------------------------------------
 
@@ -124,6 +126,15 @@ class Fabric:
         cached = self._spans.get(key)
         if cached is None:
             cached = self._spans[key] = self._torus_span(arr) if self.cluster.fabric.torus else self._tree_span(arr)
+        return cached
+
+    def group_span(self, grid: RankGrid, axes: tuple[str, ...]) -> GroupSpan:
+        """The span of rank 0's group along `axes` of `grid` (cached per layout: candidates of one search that share
+        a layout share its spans, whose groups can hold a whole 100k-GPU fleet's replicas)."""
+        key = (grid, axes)
+        cached = self._group_spans.get(key)
+        if cached is None:
+            cached = self._group_spans[key] = self.span(grid.group_of(0, *axes))
         return cached
 
     def _level(self, nodes: np.ndarray) -> int:
