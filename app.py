@@ -19,7 +19,7 @@ from plan import loader
 from plan.errors import PlanError
 from twin import api, fit
 from twin.calibrate.report import phase_figure, read_rows, step_figure
-from twin.dashboard import figures
+from twin.dashboard import figures, sidebar
 from twin.step.predict import PredictOptions, StepPrediction
 
 st.set_page_config(page_title="ClusterTwin", layout="wide")
@@ -41,51 +41,12 @@ def sweep_of(plan_json: str, seeds: int) -> Any:
     return api.sweep_checkpoint(json.loads(plan_json), seeds)
 
 
-# the plan widgets' keys, reset when the base plan changes (a comment: Streamlit would draw a bare string)
-WIDGETS = (
-    "spares",
-    "restart",
-    "nodes",
-    "rate_scale",
-    "price",
-    "nic",
-    "tp",
-    "pp",
-    "dp",
-    "cp",
-    "ep",
-    "mbs",
-    "schedule",
-    "v",
-    "zero",
-    "recompute",
-    "sp",
-    "batch",
-)
+# the layout widgets' keys, reset with the sidebar's when the base plan changes
+WIDGETS = ("tp", "pp", "dp", "cp", "ep", "mbs", "schedule", "v", "zero", "recompute", "sp", "batch", *sidebar.WIDGETS)
 
 
 def divisors(n: int, most: int = 64) -> list[int]:
     return [d for d in range(1, min(n, most) + 1) if n % d == 0]
-
-
-def own_model(sb: Any) -> dict[str, Any]:
-    """A model of the user's own: the sizes a planner knows (Llama 3 8B's to start from)."""
-    with sb.expander("my model", expanded=True):
-        c1, c2 = st.columns(2)
-        sizes = {
-            "layers": c1.number_input("layers", 1, 1000, 32, key="m_layers"),
-            "hidden": c2.number_input("hidden", 64, 65536, 4096, 64, key="m_hidden"),
-            "heads": c1.number_input("heads", 1, 1024, 32, key="m_heads"),
-            "kv_heads": c2.number_input("kv heads", 1, 1024, 8, key="m_kv"),
-            "ffn_hidden": c1.number_input("ffn hidden", 64, 262144, 14336, 64, key="m_ffn"),
-            "vocab": c2.number_input("vocab", 256, 1_000_000, 128256, key="m_vocab"),
-            "seq_len": c1.number_input("sequence", 128, 1_048_576, 8192, 128, key="m_seq"),
-            "experts": c2.number_input("experts (0: dense)", 0, 1024, 0, key="m_experts"),
-        }
-        if sizes["experts"]:
-            sizes["top_k"] = c1.number_input("top-k", 1, 64, 2, key="m_topk")
-            sizes["moe_ffn_hidden"] = c2.number_input("expert ffn hidden", 64, 65536, 2048, 64, key="m_moe_ffn")
-    return {"name": "my model", **{k: int(v) for k, v in sizes.items()}}
 
 
 def choose_plan() -> tuple[dict[str, Any] | None, str]:
@@ -107,7 +68,7 @@ def choose_plan() -> tuple[dict[str, Any] | None, str]:
         if start == "model":
             model: Any = sb.selectbox("model", loader.model_presets(), key="model")
         else:
-            model = own_model(sb)
+            model = sidebar.own_model(sb)
         cluster = sb.selectbox("cluster", loader.cluster_names(), key="cluster")
         label = model if isinstance(model, str) else "my-model"
         base = {
@@ -136,33 +97,9 @@ def choose_plan() -> tuple[dict[str, Any] | None, str]:
         for key in WIDGETS:
             st.session_state.pop(key, None)
 
-    with sb.expander("cluster what-ifs"):
-        cl = api.load_cluster(base["cluster"] if isinstance(base["cluster"], str) else base["cluster"]["name"])
-        nodes = st.number_input("nodes", 1, 10_000_000, int(cl.nodes), key="nodes")
-        scale = st.number_input("failure-rate scale", 0.0, 100.0, 1.0, 0.25, key="rate_scale")
-        price = st.number_input("USD per GPU-hour", 0.01, 100.0, float(cl.economics.usd_per_gpu_hour), key="price")
-        if cl.fabric.tiers:
-            nic = st.number_input(
-                "NIC / fabric GB/s per GPU", 0.1, 10_000.0, float(cl.fabric.tiers[0].bandwidth_GBps), key="nic"
-            )
-            if nic != cl.fabric.tiers[0].bandwidth_GBps:
-                overrides.append(f"cluster.fabric.tiers.*.bandwidth_GBps={nic}")
-        for field, value, was in (
-            ("nodes", nodes, cl.nodes),
-            ("failures.rate_scale", scale, 1.0),
-            ("economics.usd_per_gpu_hour", price, cl.economics.usd_per_gpu_hour),
-        ):
-            if value != was:
-                overrides.append(f"cluster.{field}={value}")
-
-    with sb.expander("recovery what-ifs"):
-        rel = dict(base.get("reliability") or {})
-        spares = st.number_input("hot spare nodes", 0, 100_000, int(rel.get("hot_spares", 0)), key="spares")
-        restart = st.number_input("restart minutes", 0.1, 1440.0, float(rel.get("restart_min", 10.0)), key="restart")
-        if spares != rel.get("hot_spares", 0):
-            overrides.append(f"reliability.hot_spares={spares}")
-        if restart != rel.get("restart_min", 10.0):
-            overrides.append(f"reliability.restart_min={restart}")
+    cluster = base["cluster"] if isinstance(base["cluster"], str) else base["cluster"]["name"]
+    overrides += sidebar.cluster_what_ifs(sb, cluster)
+    overrides += sidebar.recovery_what_ifs(sb, dict(base.get("reliability") or {}))
 
     sb.subheader("layout")
     heads = int(model["heads"])

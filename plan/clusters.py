@@ -56,12 +56,19 @@ def apply_what_if(data: dict[str, Any], overrides: Mapping[str, Any], origin: st
     """A copy of a cluster file's contents with `overrides` applied; PlanError names a path that does not exist."""
     out = copy.deepcopy(data)
     paths: list[str] = []
+    derived: dict[str, str] = {}
     for path, value in overrides.items():
         parts = [p for p in str(path).split(".") if p]
         if not parts:
             raise PlanError(f"{origin}: overrides: an empty field path; write e.g. nodes: 560")
+        if parts == ["accelerator"] and isinstance(value, str):
+            # another chip by catalogue name: its kernel-level efficiencies come with it (the file's belong to its
+            # own chip); later compute.* overrides still apply on top
+            out = expand_accelerator({k: v for k, v in out.items() if k != "compute"} | {"accelerator": value}, origin)
+            paths.append("accelerator")
+            derived["compute"] = f"the {value} catalogue entry's kernel-level efficiencies, with the chip"
+            continue
         paths += _set(out, parts, value, [], origin, str(path))
-    derived: dict[str, str] = {}
     tiers = (out.get("fabric") or {}).get("tiers") or []
     if "nodes" in paths and tiers and isinstance(tiers[-1], dict):
         last = len(tiers) - 1

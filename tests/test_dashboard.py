@@ -212,3 +212,18 @@ def test_a_loop_report_opens_on_the_calibrate_page(tmp_path: Path) -> None:
     assert len(at.get("plotly_chart")) == 2
     at.text_input(key="loop_dir").set_value(str(tmp_path / "nothing")).run()
     assert any("no rows.json" in e.value for e in at.error)
+
+
+def test_cluster_what_ifs_show_the_apis_prediction_for_the_changed_cluster() -> None:
+    # another chip, a bigger NVLink domain and a tapered fabric: the step shown is the API's for the same what-ifs
+    at = _app()
+    at.selectbox(key="preset").set_value("gpt3-175b-1k").run()
+    at.selectbox(key="accelerator").set_value("h100-sxm5-80gb").run()
+    at.number_input(key="domain").set_value(16).run()
+    at.number_input(key="oversub").set_value(2.0).run()
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    changed = ["cluster.accelerator=h100-sxm5-80gb", "cluster.node.gpus=16"]
+    changed.append("cluster.fabric.tiers.1.oversubscription=2.0")  # the spine (its leaf is tier 0)
+    expected = api.predict(api.load_plan("gpt3-175b-1k", changed))
+    assert _metrics(at)["step time"] == f"{expected.step_time_s:.3f} s"
+    assert expected.step_time_s < 0.6 * api.predict("gpt3-175b-1k").step_time_s  # H100s in place of A100s

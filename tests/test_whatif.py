@@ -121,3 +121,19 @@ def test_a_what_if_plan_survives_the_json_round_trip() -> None:
     plan = loader.load(A100, ["cluster.nodes=300"])
     again = api.load_plan(json.loads(plan.model_dump_json()))
     assert again == plan and loader.plan_cluster(again).nodes == 300
+
+
+def test_another_chip_by_name_brings_its_own_efficiencies() -> None:
+    # an H100 cluster given the A100 of the catalogue: the A100's chip and kernel efficiencies (not the H100's
+    # efficiencies on an A100), and a later compute override still applies on top
+    h100 = api.load_cluster("dgx-h100-superpod")
+    a100 = api.load_cluster("dgx-a100-superpod")
+    swapped = api.load_cluster("dgx-h100-superpod", ["accelerator=a100-sxm4-80gb", "compute.kernel_overhead_us=9"])
+    assert swapped.accelerator == a100.accelerator != h100.accelerator
+    assert swapped.compute.gemm_peak_fraction == a100.compute.gemm_peak_fraction != h100.compute.gemm_peak_fraction
+    assert swapped.compute.kernel_overhead_us == 9 and swapped.node == h100.node
+    plan = loader.load("gpt-1b-h100")
+    slower = api.predict(loader.load("gpt-1b-h100", ["cluster.accelerator=a100-sxm4-80gb"]))
+    assert slower.step_time_s > 1.5 * api.predict(plan).step_time_s  # 312 against 989 dense bf16 TFLOP/s
+    with pytest.raises(PlanError, match="unknown accelerator 'b300'; one of a100-sxm4-80gb"):
+        api.load_cluster("dgx-h100-superpod", ["accelerator=b300"])
