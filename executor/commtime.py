@@ -53,7 +53,7 @@ import torch.distributed._functional_collectives as funcol
 import torch.distributed.pipelining.schedules as schedules
 from torch.distributed.device_mesh import DeviceMesh
 
-AXES = ("tp", "cp", "pp", "dp")
+AXES = ("tp", "cp", "ep", "pp", "dp")
 # Positional index of `group` in each wrapped function's signature (torch 2.13), counting the tensor arguments.
 FUNCOL_GROUP_ARG = {"all_reduce": 2, "all_gather_single": 2, "reduce_scatter_single": 3}
 DIST_GROUP_ARG = {

@@ -26,6 +26,7 @@ from executor.context_parallel import shard_sequence
 from executor.data import Sampler
 from executor.layer_stats import activation_probe, gradient_norms
 from executor.model import GPT, build_stage_model, cross_entropy, set_recompute
+from executor.moe import MoE
 from executor.parallel import (
     Topology,
     all_reduce_gradients,
@@ -57,6 +58,8 @@ class StepResult:
     step_s: float
     activation_norm: dict[str, float] = field(default_factory=dict)
     param_grad_norm: dict[str, float] = field(default_factory=dict)
+    expert_load: dict[str, list[int]] = field(default_factory=dict)
+    dropped: dict[str, int] = field(default_factory=dict)
 
 
 def learning_rate(plan: Plan, step: int) -> float:
@@ -79,6 +82,11 @@ class Trainer:
         self.stage_ids = stages_of_rank(plan, topo.coords.pp) if lay.pp > 1 else [0]
         self.parts = [self._build_part(s, compile) for s in self.stage_ids]
         self.params = list({id(p): p for m in self.parts for p in m.parameters()}.values())
+        # with ep > 1 the routed experts differ between dp ranks: reduced over their own replicas, normed as spread
+        ep = lay.ep if plan.model.is_moe else 1
+        self.spread = {id(p): ep for m in self.parts for moe in m.moe_layers() for p in moe.experts.parameters()}
+        if ep == 1:
+            self.spread = {}
         self.optimizer = self._build_optimizer()
         self.clock = StageClock()
         self.schedule = self._build_schedule() if lay.pp > 1 else None
@@ -88,7 +96,11 @@ class Trainer:
         plan, topo, lay = self.plan, self.topo, self.plan.layout
         layers = stage_layer_ids(plan, stage) if lay.pp > 1 else range(plan.model.layers)
         last = stage == lay.num_stages - 1
-        model = build_stage_model(plan.model, layers, stage == 0, last, plan.training.seed, self.device)
+        experts = topo.expert_ids() if lay.ep > 1 else None
+        model = build_stage_model(plan.model, layers, stage == 0, last, plan.training.seed, self.device, experts)
+        for moe in model.moe_layers():
+            moe.group, moe.comm = topo.ep_group, topo.comm
+            moe.aux_scale = 1.0 if lay.pp > 1 else 1.0 / plan.num_microbatches  # the schedule scales by itself
         set_recompute(model, lay.recompute)
         if lay.cp > 1:
             apply_context_parallel(model, topo)
@@ -184,7 +196,7 @@ class Trainer:
         holders = lay.dp * lay.cp * lay.tp
         local_loss = sum(losses) / len(losses) if losses else 0.0
         bad_loss = float(bool(losses) and not math.isfinite(local_loss))
-        grad_sq = local_grad_square_sum(self.params, holders)
+        grad_sq = local_grad_square_sum(self.params, holders, self.spread)
         contrib = local_loss / holders if losses and not bad_loss else 0.0
         packed = torch.tensor([float(grad_sq), contrib, bad_loss], dtype=torch.float64, device=self.device)
         start = time.perf_counter()
@@ -217,9 +229,14 @@ class Trainer:
         compute_end = time.perf_counter()
         comm.phase = "post"
         reduce_partial_gradients(self.params)
-        if self.plan.layout.zero == 0 and self.topo.replica_mesh is not None:
-            all_reduce_gradients(self.params, self.topo.replica_mesh.get_group(), comm)
+        lay = self.plan.layout
+        if lay.zero == 0 and self.topo.replica_mesh is not None:
+            dense = [p for p in self.params if id(p) not in self.spread]
+            all_reduce_gradients(dense, self.topo.replica_mesh.get_group(), comm)
+            experts = [p for p in self.params if id(p) in self.spread]
+            all_reduce_gradients(experts, self.topo.expert_replica_group, comm, over=lay.dp * lay.cp)
         grads = gradient_norms(self.parts) if stats else {}
+        routing = self._routing()
         grad_norm, job_loss, barrier_s = self._reduce_metrics(step, losses)
         lr = learning_rate(self.plan, step)
         clip_gradients(self.params, grad_norm, self.plan.training.grad_clip)
@@ -231,7 +248,19 @@ class Trainer:
         end = time.perf_counter()
         phases = self._phases(data_wait, compute_end - start - data_wait, end - start, barrier_s)
         local = sum(losses) / len(losses) if losses else None
-        return StepResult(step, local, job_loss, grad_norm, lr, phases, end - start, dict(activations), grads)
+        result = StepResult(step, local, job_loss, grad_norm, lr, phases, end - start, dict(activations), grads)
+        if stats:
+            result.expert_load, result.dropped = routing
+        return result
+
+    def _routing(self) -> tuple[dict[str, list[int]], dict[str, int]]:
+        """Each MoE layer's token choices per expert and dropped choices in this step (counters reset)."""
+        load, dropped = {}, {}
+        for part in self.parts:
+            for name, module in part.named_modules():
+                if isinstance(module, MoE):
+                    load[name], dropped[name] = module.take_stats()
+        return load, dropped
 
     def _phases(self, data_wait: float, compute_wall: float, step_s: float, barrier_s: float) -> dict[str, float]:
         """Split the step's time: each stretch (compute chunks, the schedule between them, after them) less the

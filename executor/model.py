@@ -20,6 +20,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 from torch.utils.checkpoint import checkpoint
 
+from executor.moe import MoE
 from plan.schema import ModelSpec, Recompute
 
 ROPE_THETA = 10_000.0  # RoFormer's base (Su et al. 2021), also Llama 2's
@@ -130,14 +131,14 @@ class FeedForward(nn.Module):
 
 
 class Block(nn.Module):
-    """One pre-norm transformer layer."""
+    """One pre-norm transformer layer; its MLP a mixture of experts (those of `expert_ids`) where `moe`."""
 
-    def __init__(self, spec: ModelSpec) -> None:
+    def __init__(self, spec: ModelSpec, moe: bool = False, expert_ids: Sequence[int] = ()) -> None:
         super().__init__()
         self.attention_norm = RMSNorm(spec.hidden)
         self.attention = Attention(spec)
         self.ffn_norm = RMSNorm(spec.hidden)
-        self.feed_forward = FeedForward(spec)
+        self.feed_forward: nn.Module = MoE(spec, expert_ids) if moe else FeedForward(spec)
         self.recompute_all = False
 
     def _layer(self, x: torch.Tensor) -> torch.Tensor:
@@ -158,13 +159,23 @@ class GPT(nn.Module):
     logits; the others map hidden states to hidden states. `layer_ids` are global layer indices.
     """
 
-    def __init__(self, spec: ModelSpec, layer_ids: Sequence[int], first: bool = True, last: bool = True) -> None:
+    def __init__(
+        self,
+        spec: ModelSpec,
+        layer_ids: Sequence[int],
+        first: bool = True,
+        last: bool = True,
+        expert_ids: Sequence[int] | None = None,
+    ) -> None:
         super().__init__()
         if spec.tied_embeddings and not (first and last):
             raise ValueError("tied embeddings need the embedding and the output head on one stage (pp=1)")
         self.spec = spec
         self.tok_embeddings = nn.Embedding(spec.vocab, spec.hidden) if first else None
-        self.layers = nn.ModuleDict({str(i): Block(spec) for i in layer_ids})
+        experts = range(spec.experts) if expert_ids is None else expert_ids
+        self.layers = nn.ModuleDict(
+            {str(i): Block(spec, spec.is_moe and i >= spec.dense_layers, experts) for i in layer_ids}
+        )
         self.norm = RMSNorm(spec.hidden) if last else None
         self.output = nn.Linear(spec.hidden, spec.vocab, bias=False) if last else None
         self.tie_weights()
@@ -184,6 +195,9 @@ class GPT(nn.Module):
 
     def blocks(self) -> list[Block]:
         return [b for b in self.layers.values() if isinstance(b, Block)]
+
+    def moe_layers(self) -> list[MoE]:
+        return [b.feed_forward for b in self.blocks() if isinstance(b.feed_forward, MoE)]
 
 
 def param_seed(seed: int, name: str) -> int:
@@ -213,11 +227,17 @@ def init_weights(model: GPT, seed: int) -> None:
 
 
 def build_stage_model(
-    spec: ModelSpec, layer_ids: Sequence[int], first: bool, last: bool, seed: int, device: torch.device
+    spec: ModelSpec,
+    layer_ids: Sequence[int],
+    first: bool,
+    last: bool,
+    seed: int,
+    device: torch.device,
+    expert_ids: Sequence[int] | None = None,
 ) -> GPT:
     """Build a (part of the) model without ever materialising the rest, then initialise it on `device`."""
     with torch.device("meta"):
-        model = GPT(spec, layer_ids, first, last)
+        model = GPT(spec, layer_ids, first, last, expert_ids)
     model.to_empty(device=device)
     model.tie_weights()
     init_weights(model, seed)

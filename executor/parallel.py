@@ -16,6 +16,7 @@ Data parallel by ZeRO stage:
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -35,7 +36,7 @@ from torch.distributed.tensor.parallel import (
 
 from executor.commtime import CommTimer
 from executor.context_parallel import AllGatherAttention
-from executor.model import GPT
+from executor.model import GPT, FeedForward
 from plan.rank_grid import Coords, RankGrid
 from plan.schema import Plan
 
@@ -49,10 +50,20 @@ class LayoutError(ValueError):
 def check_supported(plan: Plan) -> None:
     """Reject what the executor does not implement, before any process group exists."""
     m, lay = plan.model, plan.layout
-    if lay.ep > 1 or m.is_moe:
+    if m.is_moe and lay.cp > 1:
         raise LayoutError(
-            f"layout.ep: {lay.ep} / model.experts: {m.experts}: the executor runs dense models only for now "
-            "(expert parallelism is a later issue); set ep: 1 and use a dense model"
+            "layout.cp: the executor routes MoE tokens per sequence and does not yet share a sequence's routing "
+            "statistics over cp ranks; set cp: 1 for an MoE model"
+        )
+    if m.is_moe and lay.tp > 1 and lay.sequence_parallel:
+        raise LayoutError(
+            "layout.sequence_parallel: the executor's MoE layers run on the whole sequence of each tp rank; set "
+            "sequence_parallel: false for an MoE model under tp"
+        )
+    if lay.ep > 1 and lay.zero > 0:
+        raise LayoutError(
+            "layout.zero: the executor shards weights with FSDP over dp, which would mix different experts under "
+            "ep > 1; set zero: 0 with expert parallelism"
         )
     if lay.tp > m.n_kv_heads:
         raise LayoutError(
@@ -111,11 +122,38 @@ class Topology:
         return None
 
     @cached_property
+    def ep_group(self) -> dist.ProcessGroup | None:
+        """The ranks that share one MoE layer's experts (None without expert parallelism)."""
+        return _own_group(self.grid.groups("ep"), self.rank) if self.plan.layout.ep > 1 else None
+
+    @cached_property
+    def expert_replica_group(self) -> dist.ProcessGroup | None:
+        """The ranks that hold copies of this rank's experts (edp·cp); None where only this one does."""
+        rows = self.grid.groups("edp", "cp")
+        return _own_group(rows, self.rank) if rows.shape[1] > 1 else None
+
+    def expert_ids(self) -> range:
+        """The routed experts this rank holds: its slice of the experts along ep."""
+        per_rank = self.plan.model.experts // self.plan.layout.ep
+        return range(self.coords.ep * per_rank, (self.coords.ep + 1) * per_rank)
+
+    @cached_property
     def comm(self) -> CommTimer:
         """The step's exposed-communication timer, knowing which of this rank's groups spans which axis."""
         axes = {str(self.group(axis).group_name): axis for axis in MESH_DIMS if self.size(axis) > 1}
         replica = str(self.replica_mesh.get_group().group_name) if self.replica_mesh is not None else None
         return CommTimer(axes, replica)
+
+
+def _own_group(rows: np.ndarray, rank: int) -> dist.ProcessGroup:
+    """This rank's group among `rows`: every rank creates every group, in the same order, as new_group requires."""
+    mine = None
+    for row in rows:
+        group = dist.new_group(row.tolist())
+        if rank in row:
+            mine = group
+    assert mine is not None
+    return mine
 
 
 def apply_tensor_parallel(model: GPT, tp_mesh: DeviceMesh, sequence_parallel: bool) -> None:
@@ -140,11 +178,12 @@ def apply_tensor_parallel(model: GPT, tp_mesh: DeviceMesh, sequence_parallel: bo
             "attention.wk": ColwiseParallel(),
             "attention.wv": ColwiseParallel(),
             "attention.wo": RowwiseParallel(output_layouts=seq),
-            "feed_forward.w1": ColwiseParallel(),
-            "feed_forward.w2": RowwiseParallel(output_layouts=seq),
         }
-        if block.feed_forward.w3 is not None:
-            plan["feed_forward.w3"] = ColwiseParallel()
+        if isinstance(block.feed_forward, FeedForward):  # an MoE MLP runs whole on each tp rank (check_supported)
+            plan["feed_forward.w1"] = ColwiseParallel()
+            plan["feed_forward.w2"] = RowwiseParallel(output_layouts=seq)
+            if block.feed_forward.w3 is not None:
+                plan["feed_forward.w3"] = ColwiseParallel()
         if sequence_parallel:
             for name in ("attention", "feed_forward"):
                 plan[name] = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
@@ -184,33 +223,42 @@ def reduce_partial_gradients(params: list[torch.nn.Parameter]) -> None:
             p.grad = grad.redistribute(grad.device_mesh, p.placements)  # the step's CommTimer sees this as tp
 
 
-def all_reduce_gradients(params: list[torch.nn.Parameter], group: dist.ProcessGroup, comm: CommTimer) -> None:
-    """Average gradients over a replica group with one flat all-reduce (ZeRO 0)."""
+def all_reduce_gradients(
+    params: list[torch.nn.Parameter], group: dist.ProcessGroup | None, comm: CommTimer, over: int | None = None
+) -> None:
+    """Sum gradients over a replica group with one flat all-reduce and divide by `over` (default: the group's
+    size, an average — ZeRO 0). Expert weights pass their expert-replica group (or None, held once) and the dp·cp
+    size: each expert's gradient already sums the tokens of its whole expert-parallel group."""
     grads = [p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad for p in params if p.grad is not None]
     if not grads:
         return
     flat = torch.cat([g.reshape(-1) for g in grads])
-    with comm.span("dp"):  # dp even where the replica group is the cp group
-        dist.all_reduce(flat, group=group)
-    flat /= dist.get_world_size(group)
+    if group is not None:
+        with comm.span("dp"):  # dp even where the replica group is the cp group
+            dist.all_reduce(flat, group=group)
+    flat /= over or dist.get_world_size(group)
     offset = 0
     for g in grads:
         g.copy_(flat[offset : offset + g.numel()].view_as(g))
         offset += g.numel()
 
 
-def local_grad_square_sum(params: list[torch.nn.Parameter], holders: int) -> torch.Tensor:
+def local_grad_square_sum(
+    params: list[torch.nn.Parameter], holders: int, spread: Mapping[int, int] | None = None
+) -> torch.Tensor:
     """This rank's share of the squared global gradient norm.
 
     Every parameter of a stage is held by `holders` = dp·cp·tp ranks, as whole copies or as shards; a DTensor
-    sharded over mesh dims of total size n has holders/n copies of each shard. Dividing each local square sum by
-    its copy count makes the sum over all ranks the exact squared norm, whatever the sharding.
+    sharded over mesh dims of total size n has holders/n copies of each shard, and an expert spread over ep ranks
+    (`spread`: id of the parameter -> ep) holders/ep copies. Dividing each local square sum by its copy count
+    makes the sum over all ranks the exact squared norm, whatever the sharding.
     """
     terms = []
+    spread = spread or {}
     for p in params:
         if p.grad is None:
             continue
-        grad, shards = p.grad, 1
+        grad, shards = p.grad, spread.get(id(p), 1)
         if isinstance(grad, DTensor):
             shards = math.prod(grad.device_mesh.size(i) for i, pl in enumerate(grad.placements) if _is_shard(pl))
             grad = grad.to_local()

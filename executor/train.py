@@ -162,13 +162,15 @@ class RankReporter:
                 **extra,
             )
         )
-        if res.param_grad_norm or res.activation_norm:
+        if res.param_grad_norm or res.activation_norm or res.expert_load:
             self.writer.write(
                 LayerStatsRecord(
                     step=res.step,
                     rank=self.topo.rank,
                     grad_norm=res.param_grad_norm,
                     activation_norm=res.activation_norm,
+                    expert_load=res.expert_load,
+                    dropped=res.dropped,
                 )
             )
         if self.topo.rank == 0:

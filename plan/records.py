@@ -139,6 +139,11 @@ class LayerStatsRecord(Section):
     """Parameter name -> gradient norm of this rank's shard."""
     activation_norm: dict[str, NonNegativeFloat] = Field(default_factory=dict)
     """Module name -> RMS of its output activation."""
+    expert_load: dict[str, list[NonNegativeInt]] = Field(default_factory=dict)
+    """MoE layer name -> its routed experts' token choices from this rank's tokens in this step (count), before
+    any is dropped: load imbalance is their spread."""
+    dropped: dict[str, NonNegativeInt] = Field(default_factory=dict)
+    """MoE layer name -> token choices dropped over an expert's capacity in this step (count)."""
 
 
 Record = Annotated[StepRecord | EventRecord | LayerStatsRecord, Field(discriminator="kind")]

@@ -17,7 +17,15 @@ from __future__ import annotations
 from functools import cached_property
 from typing import Any, Final, Literal
 
-from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, field_validator, model_validator
+from pydantic import (
+    Field,
+    NonNegativeFloat,
+    NonNegativeInt,
+    PositiveFloat,
+    PositiveInt,
+    field_validator,
+    model_validator,
+)
 
 from plan.refs import ClusterRef, StackRef
 from plan.reliability import Reliability
@@ -78,6 +86,15 @@ class ModelSpec(UserSection):
     """Always-active shared experts per MoE layer, each of width moe_ffn_hidden (count)."""
     dense_layers: NonNegativeInt = 0
     """Leading layers that keep a dense MLP in an MoE model, as DeepSeek-V3's first three (count)."""
+    router: Literal["softmax", "sigmoid"] = "softmax"
+    """How an MoE router scores experts: a softmax over them (Switch, Mixtral) or a sigmoid each (DeepSeek-V3); the
+    top-k scores are renormalised to sum to one as the token's gates."""
+    capacity_factor: PositiveFloat | None = None
+    """Tokens one expert takes from one sequence, as a multiple of an even share (top_k · seq_len / experts); a
+    token's choice past it is dropped and counted (GShard, Lepikhin et al. 2020). Unset: dropless."""
+    aux_loss_coef: NonNegativeFloat = 0.01
+    """Weight of the load-balancing loss, taken per sequence (DeepSeek-V3 §2.1.2's sequence-wise form of Switch's
+    f·P loss, Fedus et al. 2022 §2.2, whose α = 0.01 is the default)."""
     tied_embeddings: bool = False
     """True: the output head reuses the input embedding matrix."""
 

@@ -72,13 +72,15 @@ EIGHT_RANKS_SLOW = {
 }
 
 
-def run_variants(variants: dict[str, list[str]], nproc: int, tmp: Path) -> dict[str, dict[str, list[float]]]:
-    """Run `variants` of cpu-tiny on `nproc` gloo ranks; each variant's per-step loss and gradient norm."""
+def run_variants(
+    variants: dict[str, list[str]], nproc: int, tmp: Path, plan: str = "cpu-tiny"
+) -> dict[str, dict[str, list[float]]]:
+    """Run `variants` of `plan` on `nproc` gloo ranks; each variant's per-step loss and gradient norm."""
     spec, out = tmp / "variants.json", tmp / "losses.json"
     spec.write_text(json.dumps(variants))
     launcher = ["-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(nproc)]
     launcher += ["--master-addr", "127.0.0.1", "--master-port", str(free_port())]
-    cmd = [sys.executable, *launcher, "-m", "executor.compare", "--plan", "cpu-tiny", "--variants", str(spec)]
+    cmd = [sys.executable, *launcher, "-m", "executor.compare", "--plan", plan, "--variants", str(spec)]
     cmd += ["--steps", str(STEPS), "--out", str(out), "--timeout-s", "60"]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "GLOO_SOCKET_IFNAME": "lo"}
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=480, check=False)
@@ -158,3 +160,64 @@ def test_readme_example_twin_execute_cpu_tiny(reference: dict[str, list[float]],
     # the plan as written (bf16), and what ran beside it (fp32 on CPU), warned about at start
     assert manifest.plan.training.dtype == "bf16" and manifest.ran is not None and manifest.ran.dtype == "fp32"
     assert manifest.ran.schedule == "Schedule1F1B" and "training.dtype: bf16 runs as fp32" in manifest.ran.mismatches[0]
+
+
+# Mixture of experts (cpu-tiny-moe: 8 experts, top-2, a shared expert, the first layer dense): expert parallelism
+# alone and with each other axis, every pipeline schedule family, and tokens dropped over capacity — each against
+# one process training the same MoE model on the same batch (with the same capacity where tokens drop).
+MOE_SINGLE = [*SINGLE, "layout.ep=1"]
+DROPPING = "model.capacity_factor=1.0"  # an even share per expert and sequence: a fifth of choices or so drop
+MOE_TWO_RANKS = {
+    "ep2": [*MOE_SINGLE, "layout.dp=2", "layout.ep=2"],
+    "ep2-dropping": [*MOE_SINGLE, "layout.dp=2", "layout.ep=2", DROPPING],
+}
+MOE_FOUR_RANKS_SLOW = {
+    "ep2-dp4": [*MOE_SINGLE, "layout.dp=4", "layout.ep=2"],
+    "ep4-dp4": [*MOE_SINGLE, "layout.dp=4", "layout.ep=4"],
+    "ep2-pp2": [*MOE_SINGLE, "layout.dp=2", "layout.ep=2", "layout.pp=2"],
+    "ep2-tp2": [*MOE_SINGLE, "layout.dp=2", "layout.ep=2", "layout.tp=2"],
+    "ep2-pp2-zbv": [
+        *MOE_SINGLE,
+        "layout.dp=2",
+        "layout.ep=2",
+        "layout.pp=2",
+        "layout.schedule=zbv",
+        "layout.virtual_stages=2",
+    ],
+    "ep2-pp2-dualpipe-v": [
+        *MOE_SINGLE,
+        "layout.dp=2",
+        "layout.ep=2",
+        "layout.pp=2",
+        "layout.schedule=dualpipe-v",
+        "layout.virtual_stages=2",
+    ],
+    "ep2-pp2-dropping": [*MOE_SINGLE, "layout.dp=2", "layout.ep=2", "layout.pp=2", DROPPING],
+}
+
+
+@pytest.fixture(scope="session")
+def moe_reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, list[float]]]:
+    variants = {"dropless": MOE_SINGLE, "dropping": [*MOE_SINGLE, DROPPING]}
+    return run_variants(variants, 1, tmp_path_factory.mktemp("moe-ref"), "cpu-tiny-moe")
+
+
+def _moe_matches(results: dict[str, dict[str, list[float]]], reference: dict[str, dict[str, list[float]]]) -> None:
+    failures = []
+    for name, got in results.items():
+        try:
+            assert_matches(got, reference["dropping" if "dropping" in name else "dropless"])
+        except AssertionError as exc:
+            failures.append(f"{name}: {exc}")
+    assert not failures, "\n".join(failures)
+
+
+def test_expert_parallel_matches_single_process(moe_reference: dict, tmp_path: Path) -> None:
+    # dropping tokens changes the computation: the two references differ, and each sharded run matches its own
+    assert abs(moe_reference["dropping"]["loss"][-1] - moe_reference["dropless"]["loss"][-1]) > 1e-4
+    _moe_matches(run_variants(MOE_TWO_RANKS, 2, tmp_path, "cpu-tiny-moe"), moe_reference)
+
+
+@pytest.mark.slow
+def test_expert_parallel_with_every_axis_matches_single_process(moe_reference: dict, tmp_path: Path) -> None:
+    _moe_matches(run_variants(MOE_FOUR_RANKS_SLOW, 4, tmp_path, "cpu-tiny-moe"), moe_reference)

@@ -1,0 +1,189 @@
+"""Mixture-of-experts MLP with expert parallelism: a top-k router, SwiGLU experts, optional shared experts, a
+sequence-wise load-balancing loss, dropless routing or a per-sequence capacity.
+
+Experts sit in a ModuleDict keyed by their global index, like the decoder's layers, so an expert's weights are named
+(`layers.3.feed_forward.experts.5.w1.weight`) and seeded the same on whichever expert-parallel rank holds it: any
+layout starts from the same weights, and a checkpoint reshards over a different `ep` by name.
+
+Expert parallelism (`ep` > 1): rank e of an expert-parallel group holds experts [e·E/ep, (e+1)·E/ep). A forward
+sorts its tokens' choices by expert, swaps per-expert counts with the group, sends each rank the tokens for its
+experts with `all_to_all_single`, runs its experts on what arrived (from every rank), and sends the results back
+the same way; the gates weight and sum them at their tokens. Gradients take the reverse trips.
+
+Routing is defined per sequence — the balance loss's load and score shares and the capacity's count — so that it
+does not depend on how the batch is split into replicas and microbatches: the sharded run and one process training
+the same batch route identically and compute the same loss.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from executor.commtime import CommTimer
+from plan.schema import ModelSpec
+
+
+class Expert(nn.Module):
+    """One SwiGLU MLP (Shazeer 2020) of inner width `ffn` (shared experts: their widths side by side)."""
+
+    def __init__(self, hidden: int, ffn: int) -> None:
+        super().__init__()
+        self.w1 = nn.Linear(hidden, ffn, bias=False)
+        self.w2 = nn.Linear(ffn, hidden, bias=False)
+        self.w3 = nn.Linear(hidden, ffn, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class _AllToAll(torch.autograd.Function):
+    """`all_to_all_single` over a group, whose backward is the reverse exchange.
+
+    Hand-written rather than funcol's autograd all-to-all: its backward's exchange must be timed as comm_ep, and
+    funcol's autograd variant issues it where the step's CommTimer cannot see it."""
+
+    @staticmethod
+    def forward(
+        ctx: Any, x: torch.Tensor, out_splits: list[int], in_splits: list[int], group: Any, comm: CommTimer
+    ) -> torch.Tensor:
+        ctx.trip = (in_splits, out_splits, group, comm)
+        return _exchange(x, out_splits, in_splits, group, comm)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        in_splits, out_splits, group, comm = ctx.trip
+        return _exchange(grad, in_splits, out_splits, group, comm), None, None, None, None
+
+
+def _exchange(
+    x: torch.Tensor, out_splits: list[int], in_splits: list[int], group: Any, comm: CommTimer
+) -> torch.Tensor:
+    out = x.new_empty((sum(out_splits), *x.shape[1:]))
+    with comm.span("ep"):
+        dist.all_to_all_single(out, x.contiguous(), out_splits, in_splits, group=group)
+    return out
+
+
+class _AuxLoss(torch.autograd.Function):
+    """Pass `out` through unchanged and send `scale` back into `aux` in backward: the balance loss joins the
+    gradient at the layer that computes it, whichever pipeline stage that is, without travelling to the loss
+    function (Megatron-Core's MoEAuxLossAutoScaler does the same)."""
+
+    @staticmethod
+    def forward(ctx: Any, out: torch.Tensor, aux: torch.Tensor, scale: float) -> torch.Tensor:
+        ctx.scale = scale
+        ctx.save_for_backward(aux)
+        return out.view_as(out)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        (aux,) = ctx.saved_tensors
+        return grad, torch.full_like(aux, ctx.scale), None
+
+
+class MoE(nn.Module):
+    """The MLP of an MoE layer, holding the routed experts `expert_ids` (all of them without expert parallelism)."""
+
+    def __init__(self, spec: ModelSpec, expert_ids: Sequence[int]) -> None:
+        super().__init__()
+        assert spec.moe_ffn_hidden is not None
+        self.n_experts, self.top_k = spec.experts, spec.top_k
+        self.score, self.capacity_factor, self.aux_coef = spec.router, spec.capacity_factor, spec.aux_loss_coef
+        self.router = nn.Linear(spec.hidden, spec.experts, bias=False)
+        self.experts = nn.ModuleDict({str(e): Expert(spec.hidden, spec.moe_ffn_hidden) for e in expert_ids})
+        ffn_shared = spec.moe_ffn_hidden * spec.shared_experts
+        self.shared = Expert(spec.hidden, ffn_shared) if ffn_shared else None
+        self.group: Any = None
+        """The expert-parallel process group (None: every expert is here)."""
+        self.comm = CommTimer()
+        self.aux_scale = 1.0
+        """Gradient of the step's objective per unit of this microbatch's balance loss (1/microbatches unless
+        the pipeline schedule scales the gradients itself)."""
+        self.load = [0] * spec.experts  # a list: the module is built on the meta device, this counter is not
+        """Token choices per expert since the last `take_stats`, before any is dropped."""
+        self.dropped = 0
+        """Token choices dropped over capacity since the last `take_stats`."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        batch, seq, hidden = x.shape
+        tokens = x.reshape(-1, hidden)
+        logits = self.router(tokens).float()
+        scores = logits.softmax(-1) if self.score == "softmax" else logits.sigmoid()
+        top, chosen = scores.topk(self.top_k, dim=-1)  # [tokens, k]
+        gates = top / top.sum(-1, keepdim=True)
+        keep = self._within_capacity(chosen, batch, seq)
+        with torch.no_grad():
+            choices = torch.bincount(chosen.reshape(-1), minlength=self.n_experts).tolist()
+            self.load = [a + b for a, b in zip(self.load, choices, strict=True)]
+            self.dropped += int((~keep).sum())
+        expert, token = chosen.reshape(-1)[keep.reshape(-1)], self._token_ids(tokens, keep)
+        order = torch.argsort(expert, stable=True)  # choices by expert; a token's slots in slot order
+        expert, token = expert[order], token[order]
+        counts = torch.bincount(expert, minlength=self.n_experts)
+        routed = tokens[token]
+        done = self._experts(routed, counts) if self.group is None else self._dispatched(routed, counts)
+        weighted = done.float() * gates.reshape(-1)[keep.reshape(-1)][order, None]
+        out = torch.zeros(tokens.shape, dtype=torch.float32, device=x.device).index_add(0, token, weighted)
+        if self.shared is not None:
+            out = out + self.shared(tokens).float()
+        out = out.type_as(x).view(batch, seq, hidden)
+        if self.aux_coef and self.training and torch.is_grad_enabled():
+            out = _AuxLoss.apply(out, self._balance_loss(scores, chosen, batch, seq), self.aux_scale)
+        return out
+
+    def _token_ids(self, tokens: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+        ids = torch.arange(tokens.shape[0], device=tokens.device).repeat_interleave(self.top_k)
+        return ids[keep.reshape(-1)]
+
+    def _within_capacity(self, chosen: torch.Tensor, batch: int, seq: int) -> torch.Tensor:
+        """Which choices an expert takes: all (dropless), or per sequence the first `capacity` in token order."""
+        if self.capacity_factor is None:
+            return torch.ones_like(chosen, dtype=torch.bool)
+        capacity = math.ceil(self.capacity_factor * self.top_k * seq / self.n_experts)
+        onehot = F.one_hot(chosen.view(batch, seq * self.top_k), self.n_experts)
+        position = ((onehot.cumsum(1) - 1) * onehot).sum(-1)  # a choice's place in its expert's queue
+        return (position < capacity).view_as(chosen)
+
+    def _balance_loss(self, scores: torch.Tensor, chosen: torch.Tensor, batch: int, seq: int) -> torch.Tensor:
+        """α · Σ_e f_e · P_e per sequence, averaged: f_e = E/(k·T) · choices of e, P_e = mean normalised score."""
+        load = F.one_hot(chosen, self.n_experts).sum(1).view(batch, seq, -1).sum(1).float()
+        share = load * self.n_experts / (self.top_k * seq)
+        prob = (scores / scores.sum(-1, keepdim=True)).view(batch, seq, -1).mean(1)
+        return self.aux_coef * (share * prob).sum(-1).mean()
+
+    def _experts(self, routed: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        """Each local expert on its consecutive slice of `routed` (every expert runs, on no tokens if need be, so
+        every expert weight has a gradient to reduce)."""
+        chunks = routed.split(counts.tolist())
+        return torch.cat([expert(chunk) for chunk, expert in zip(chunks, self.experts.values(), strict=True)])
+
+    def _dispatched(self, routed: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        """Send each expert's tokens to the rank that holds it, run the local experts, send the results back."""
+        ep = dist.get_world_size(self.group)
+        local = self.n_experts // ep
+        sent = counts.view(ep, local)
+        got = torch.empty_like(sent)
+        with self.comm.span("ep"):
+            dist.all_to_all_single(got, sent, group=self.group)  # [source rank, my expert]: tokens coming
+        send_splits, recv_splits = sent.sum(1).tolist(), got.sum(1).tolist()
+        arrived = _AllToAll.apply(routed, recv_splits, send_splits, self.group, self.comm)
+        # arrived is by source rank, then expert: regroup by expert, run, restore the order, send back
+        label = torch.arange(local, device=routed.device).repeat(ep).repeat_interleave(got.reshape(-1))
+        by_expert = torch.argsort(label, stable=True)
+        done = self._experts(arrived[by_expert], got.sum(0))
+        restored = done[torch.argsort(by_expert)]
+        back: torch.Tensor = _AllToAll.apply(restored, send_splits, recv_splits, self.group, self.comm)
+        return back
+
+    def take_stats(self) -> tuple[list[int], int]:
+        """Token choices per expert and dropped choices since the last call; resets both."""
+        load, dropped = self.load, self.dropped
+        self.load, self.dropped = [0] * self.n_experts, 0
+        return load, dropped
