@@ -8,7 +8,11 @@ striking rank 1 (rank 0 for ckpt-crash) at step 5. From each run's event records
 disk-full: the next committed checkpoint); steps lost = steps computed again. Writes
 benchmarks/results/fault_table.json and prints a Markdown table.
 
-    python benchmarks/fault_table.py [--kinds crash,hang]
+    python benchmarks/fault_table.py [--kinds crash,hang] [--plan cpu-tiny-moe]
+
+With `--plan cpu-tiny-moe` the same runs use the tiny MoE model, its eight experts split over the two ranks (ep 2):
+resume restores each rank's own experts, and the SDC check compares dense weights across replicas and each
+expert among its own copies. Writes fault_table_moe.json.
 """
 
 from __future__ import annotations
@@ -34,13 +38,13 @@ SETS += ["reliability.heartbeat_timeout_s=3", "reliability.checkpoint=sync"]
 STEPS, AT = 8, 5
 
 
-def measure(kind: str, tmp: Path) -> dict[str, Any]:
+def measure(kind: str, tmp: Path, preset: str = "cpu-tiny") -> dict[str, Any]:
     fault = f"{kind}@{AT}:{0 if kind == 'ckpt-crash' else 1}"
     out = tmp / kind
-    plan = loader.load("cpu-tiny", SETS)
+    plan = loader.load(preset, SETS)
     restarts = int(kind in ("crash", "hang", "ckpt-crash"))
     cmd = torchrun_command(
-        "cpu-tiny", plan, overrides=SETS, steps=STEPS, device="cpu", out=out, inject=[fault], max_restarts=restarts
+        preset, plan, overrides=SETS, steps=STEPS, device="cpu", out=out, inject=[fault], max_restarts=restarts
     )
     proc = subprocess.run(
         [*cmd, "--no-progress"], cwd=ROOT, env=child_env(1), capture_output=True, text=True, timeout=1800
@@ -64,12 +68,15 @@ def measure(kind: str, tmp: Path) -> dict[str, Any]:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--kinds", default=",".join(FAULT_KINDS))
-    p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "fault_table.json")
+    p.add_argument("--plan", default="cpu-tiny", help="cpu-tiny, or cpu-tiny-moe: dp2 with the experts over ep2")
+    p.add_argument("--out", type=Path, help="default benchmarks/results/fault_table[_PLAN].json")
     args = p.parse_args()
+    suffix = "" if args.plan == "cpu-tiny" else "_" + args.plan.removeprefix("cpu-tiny-")
+    out = args.out or ROOT / "benchmarks" / "results" / f"fault_table{suffix}.json"
     with tempfile.TemporaryDirectory() as tmp:
-        rows = [measure(kind, Path(tmp)) for kind in args.kinds.split(",")]
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"steps": STEPS, "settings": SETS, "rows": rows}, indent=1) + "\n")
+        rows = [measure(kind, Path(tmp), args.plan) for kind in args.kinds.split(",")]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"plan": args.plan, "steps": STEPS, "settings": SETS, "rows": rows}, indent=1) + "\n")
     print("| fault | detection (s) | recovery (s) | steps lost |\n|---|---|---|---|")
     for r in rows:
         print(f"| {r['fault']} | {r['detection_s']:.2f} | {r['recovery_s']:.2f} | {r['steps_lost']} |")

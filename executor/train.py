@@ -314,7 +314,15 @@ class TrainLoop:
         return results
 
     def _corrupt(self) -> bool:
-        return replicas_disagree(self.trainer.params, self.replicas, self.trainer.device)
+        # routed experts differ between the ranks of an expert-parallel group: each is checked among its own copies
+        spread = self.trainer.spread
+        dense = [p for p in self.trainer.params if id(p) not in spread]
+        experts = [p for p in self.trainer.params if id(p) in spread]
+        device = self.trainer.device
+        bad = replicas_disagree(dense, self.replicas, device)
+        if self.topo.plan.layout.ep > 1 and self.topo.plan.model.is_moe:  # on every rank: it is a collective
+            bad = replicas_disagree(experts, self.topo.expert_replica_group, device) or bad
+        return bad
 
     def roll_back(self, step: int) -> int:
         """Replicas disagree after `step`: reload the last good checkpoint and go on from its step."""

@@ -284,6 +284,32 @@ def plan_as_ran(manifest: RunManifest) -> Plan:
     return plan.model_copy(update={"layout": layout, "training": training, "reliability": reliability, "stack": stack})
 
 
+def expert_imbalance(path: Path, plan: Plan) -> float | None:
+    """The measured `model.expert_imbalance` of an MoE run: per step, MoE layer and expert-parallel group, the
+    busiest rank's routed tokens (the choices of the group's tokens for the experts it holds) over the group's mean,
+    averaged; None without expert parallelism or expert-load records (taken every --stats-every steps)."""
+    lay = plan.layout
+    if lay.ep < 2 or not plan.model.is_moe:
+        return None
+    from plan.rank_grid import RankGrid  # numpy: kept off the records' import path
+
+    group_of = {int(r): g for g, row in enumerate(RankGrid.from_layout(lay).groups("ep")) for r in row}
+    per_rank = plan.model.experts // lay.ep
+    totals: dict[tuple[int, str, int], list[int]] = {}
+    for rec in iter_records(path):
+        if isinstance(rec, LayerStatsRecord):
+            for layer, load in rec.expert_load.items():
+                key = (rec.step, layer, group_of[rec.rank])
+                have = totals.setdefault(key, [0] * len(load))
+                totals[key] = [a + b for a, b in zip(have, load, strict=True)]
+    ratios = []
+    for load in totals.values():
+        ranks = [sum(load[e * per_rank : (e + 1) * per_rank]) for e in range(lay.ep)]
+        if sum(ranks):
+            ratios.append(max(ranks) * lay.ep / sum(ranks))
+    return sum(ratios) / len(ratios) if ratios else None
+
+
 def read_manifest(run_dir: Path) -> RunManifest:
     """Read and validate `run_dir/manifest.json`."""
     return read_json_file(run_dir / "manifest.json", RunManifest, f"is {run_dir} a run directory?")

@@ -92,6 +92,10 @@ class ModelSpec(UserSection):
     capacity_factor: PositiveFloat | None = None
     """Tokens one expert takes from one sequence, as a multiple of an even share (top_k · seq_len / experts); a
     token's choice past it is dropped and counted (GShard, Lepikhin et al. 2020). Unset: dropless."""
+    expert_imbalance: float = Field(default=1.0, ge=1)
+    """Routed tokens the busiest expert-parallel rank of a group computes, over the even share (max / mean of the
+    ranks' loads; 1 = balanced). The twin slows expert GEMMs and the all-to-all by it, at most by capacity_factor;
+    `twin calibrate` reads it from an MoE run's expert-load records."""
     aux_loss_coef: NonNegativeFloat = 0.01
     """Weight of the load-balancing loss, taken per sequence (DeepSeek-V3 §2.1.2's sequence-wise form of Switch's
     f·P loss, Fedus et al. 2022 §2.2, whose α = 0.01 is the default)."""

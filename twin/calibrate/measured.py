@@ -5,7 +5,7 @@ with the manifest's `ran` section applied (fp32 matmuls on CPU, separate project
 first steps of a run pay for allocator warm-up, lazy initialisation and the first collectives' connection set-up
 (step 0 of a cpu-tiny run takes 3x a later one), so each run's first `WARMUP_STEPS` steps are left out, as are steps
 replayed after a restart. Phases are averaged over the ranks of each pipeline coordinate: those ranks do the same
-work, and the twin simulates one of them.
+work, and the twin simulates one of them. An MoE run is priced with the expert imbalance its records show.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
-from plan.records import PHASES, RecordError, plan_as_ran, read_manifest, steps_frame
+from plan.records import PHASES, RecordError, expert_imbalance, plan_as_ran, read_manifest, steps_frame
 from plan.schema import Plan
 
 WARMUP_STEPS = 2
@@ -47,6 +47,7 @@ def layout_label(plan: Plan) -> str:
     lay = plan.layout
     parts = [f"dp{lay.dp}", f"tp{lay.tp}", f"pp{lay.pp}"]
     parts += [f"cp{lay.cp}"] if lay.cp > 1 else []
+    parts += [f"ep{lay.ep}"] if lay.ep > 1 else []
     parts += [f"v{lay.virtual_stages}"] if lay.virtual_stages > 1 else []
     parts += [lay.schedule] if lay.pp > 1 else []
     parts += [f"m{plan.num_microbatches}"]
@@ -59,7 +60,11 @@ def read_measurements(run_dirs: list[Path], warmup: int = WARMUP_STEPS) -> list[
     groups: dict[str, list[tuple[Path, Plan]]] = {}
     for run_dir in run_dirs:
         manifest = read_manifest(run_dir)
-        groups.setdefault(manifest.plan_sha256, []).append((run_dir, plan_as_ran(manifest)))
+        plan = plan_as_ran(manifest)
+        imbalance = expert_imbalance(run_dir / "records.jsonl", plan)
+        if imbalance is not None:  # priced with the routing it had
+            plan = plan.model_copy(update={"model": plan.model.model_copy(update={"expert_imbalance": imbalance})})
+        groups.setdefault(manifest.plan_sha256, []).append((run_dir, plan))
     return [_pool(runs, warmup) for runs in groups.values()]
 
 

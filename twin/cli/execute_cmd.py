@@ -42,13 +42,16 @@ def execute(
     timeout_s: Annotated[
         float, typer.Option("--timeout-s", min=1, help="Wall limit of the whole launch; the gang is killed past it.")
     ] = DEFAULT_TIMEOUT_S,
+    stats_every: Annotated[
+        int, typer.Option(min=0, help="Record per-layer norms and MoE expert loads every k steps (0: never).")
+    ] = 10,
     as_json: JsonOpt = False,
 ) -> None:
     """Run the plan's parallel layout for real with torchrun and the executor; records go to the run directory."""
     run = api.execute(
         plan, overrides or [], steps=steps, device=device, out=out, nnodes=nnodes, node_rank=node_rank,
         master_addr=master_addr, master_port=master_port, inject=inject or [], max_restarts=max_restarts,
-        rdzv_conf=rdzv_conf, capture=as_json, timeout_s=timeout_s,
+        rdzv_conf=rdzv_conf, capture=as_json, timeout_s=timeout_s, stats_every=stats_every,
     )  # fmt: skip
     if as_json:
         emit_json(run.to_json())

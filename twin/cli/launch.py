@@ -64,6 +64,7 @@ def torchrun_command(
     inject: list[str] | None = None,
     max_restarts: int = 0,
     rdzv_conf: str | None = None,
+    stats_every: int = 10,
 ) -> list[str]:
     """The torchrun command line that runs `plan` on `nnodes` (N or MIN:MAX) nodes of world_size / MAX ranks each.
 
@@ -90,7 +91,8 @@ def torchrun_command(
         cmd += ["--set", item]
     for fault in inject or []:
         cmd += ["--inject", fault]
-    return [*cmd, "--steps", str(steps), "--device", device, "--out", str(out), *(["--elastic"] if elastic else [])]
+    cmd += ["--steps", str(steps), "--device", device, "--out", str(out), "--stats-every", str(stats_every)]
+    return [*cmd, *(["--elastic"] if elastic else [])]
 
 
 def check_gang_sizes(plan: Plan, least: int, most: int) -> None:
@@ -260,6 +262,7 @@ def launch(
     rdzv_conf: str | None = None,
     capture: bool = False,
     timeout_s: float = DEFAULT_TIMEOUT_S,
+    stats_every: int = 10,
 ) -> Launch:
     """Run `plan` under torchrun until it ends (or `timeout_s` passes, which kills the gang) and summarise it.
 
@@ -275,7 +278,7 @@ def launch(
     cmd = torchrun_command(
         plan_source, plan, overrides=overrides, steps=steps, device=device, out=out, nnodes=nnodes,
         node_rank=node_rank, master_addr=master_addr, master_port=master_port, inject=inject,
-        max_restarts=restarts, rdzv_conf=rdzv_conf,
+        max_restarts=restarts, rdzv_conf=rdzv_conf, stats_every=stats_every,
     )  # fmt: skip
     launched = time.time()
     code, stderr = run_gang(cmd, child_env(most, master_addr), capture, timeout_s)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from twin.step import schedules
 from twin.step.context import StepContext
-from twin.step.kernels import PassCost
+from twin.step.kernels import PassCost, routed_load
 from twin.step.memory import layer_params, stage_params
 
 
@@ -76,7 +76,7 @@ def layer_comm(ctx: StepContext, cost: PassCost, moe: bool, paired: bool = False
     if lay.cp > 1:
         out["cp"] = cp_comm(ctx, cost, tokens)
     if moe and lay.ep > 1:  # dispatch and combine all-to-alls of top_k copies of each token, each way
-        moved = tokens * m.top_k * m.hidden * ctx.comm_bytes
+        moved = tokens * m.top_k * m.hidden * ctx.comm_bytes * routed_load(m)  # the busiest rank's share sets it
         a2a = 2 * ctx.time("all_to_all", moved, ctx.span("ep"))
         if paired:  # DualPipe overlaps it with the paired microbatch's compute
             out["ep"] = (max(0.0, a2a - cost.forward_s), max(0.0, a2a - cost.backward_input_s))

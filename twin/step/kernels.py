@@ -13,6 +13,7 @@ the whole of it.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from plan.schema import ModelSpec
@@ -98,7 +99,7 @@ def weight_gemms(m: ModelSpec, shape: Shape, moe: bool) -> dict[str, list[Gemm]]
         return {**gemms, "fc1": up, "fc2": [(tokens, h, width, 1.0)]}
     assert m.moe_ffn_hidden is not None
     width = m.moe_ffn_hidden / t
-    per_expert = tokens * m.top_k / shape.experts_local  # balanced routing: each local expert's rows
+    per_expert = tokens * m.top_k / shape.experts_local * routed_load(m)  # each local expert's rows
     e = float(shape.experts_local)
     fc1: list[Gemm] = [(tokens, float(m.experts), h, 1.0), (per_expert, ups * width, h, e)]  # router, experts
     fc2: list[Gemm] = [(per_expert, h, width, e)]
@@ -106,6 +107,12 @@ def weight_gemms(m: ModelSpec, shape: Shape, moe: bool) -> dict[str, list[Gemm]]
         fc1.append((tokens, ups * width * m.shared_experts, h, 1.0))
         fc2.append((tokens, h, width * m.shared_experts, 1.0))
     return {**gemms, "fc1": fc1, "fc2": fc2}
+
+
+def routed_load(m: ModelSpec) -> float:
+    """The busiest expert-parallel rank's routed tokens over the even share: the imbalance the plan gives, which a
+    capacity caps (tokens over it are dropped, not computed)."""
+    return min(m.expert_imbalance, m.capacity_factor or math.inf)
 
 
 def attention_flops(m: ModelSpec, microbatch: int, seq_local: int, tp: int) -> float:
