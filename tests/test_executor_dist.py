@@ -212,6 +212,7 @@ def _moe_matches(results: dict[str, dict[str, list[float]]], reference: dict[str
     assert not failures, "\n".join(failures)
 
 
+@pytest.mark.slow  # two launches, about 20 s on 2 cores; the MoE layer's own tests run by default
 def test_expert_parallel_matches_single_process(moe_reference: dict, tmp_path: Path) -> None:
     # dropping tokens changes the computation: the two references differ, and each sharded run matches its own
     assert abs(moe_reference["dropping"]["loss"][-1] - moe_reference["dropless"]["loss"][-1]) > 1e-4

@@ -120,9 +120,7 @@ def test_pipeline_stage_placement() -> None:
 
 
 def test_unsupported_layouts_are_rejected_with_the_fix() -> None:
-    moe = loader.load("cpu-tiny", ["model=deepseek-v3"])
-    with pytest.raises(LayoutError, match=r"layout\.ep: .*set ep: 1"):
-        check_supported(moe)
+    # MoE layouts the executor does not run yet: tests/test_executor_moe.py
     with pytest.raises(LayoutError, match="tied_embeddings"):
         check_supported(loader.load("cpu-tiny", ["model.tied_embeddings=true"]))
 

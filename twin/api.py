@@ -315,8 +315,8 @@ def execute(
 ) -> Launch:
     """Run `plan`'s layout for real under torchrun (gloo on CPU, NCCL on GPUs) and wait for it; the records and
     manifest land in `out` (default runs/<plan>-<time>). A plan given as a Plan or mapping is written to
-    `out/plan.yaml` first, since the ranks load it themselves. With `capture` the gang's output is collected.
-    Every `stats_every` steps the ranks also record per-layer norms and MoE expert loads (0: never)."""
+    `out/plan.yaml` first, since the ranks load it themselves. With `capture` the gang's output is collected; every
+    `stats_every` steps the ranks also record per-layer norms and MoE expert loads (0: never)."""
     loaded = load_plan(plan, overrides)
     parse_nnodes(nnodes)  # a malformed --nnodes is refused before --out is created
     run_dir = output_dir(out or Path("runs") / f"{loaded.name}-{time.strftime('%Y%m%d-%H%M%S')}", "--out")
@@ -327,8 +327,7 @@ def execute(
     return launch(
         source, loaded, overrides=passed, steps=steps, device=device, out=run_dir, nnodes=nnodes,
         node_rank=node_rank, master_addr=master_addr, master_port=master_port, inject=list(inject),
-        max_restarts=max_restarts, rdzv_conf=rdzv_conf, capture=capture, timeout_s=timeout_s,
-        stats_every=stats_every,
+        max_restarts=max_restarts, rdzv_conf=rdzv_conf, capture=capture, timeout_s=timeout_s, stats_every=stats_every,
     )  # fmt: skip
 
 
