@@ -79,6 +79,7 @@ def test_kill_and_resume_is_bit_identical_on_dp2_tp2_pp2(tmp_path: Path) -> None
                 assert torch.equal(value, b[part][key]), f"{part}.{key}"
 
 
+@pytest.mark.slow  # three launches, 12 s on 2 cores
 @pytest.mark.timeout(300)
 def test_resume_under_another_dp_degree_continues_with_matching_loss(tmp_path: Path) -> None:
     """Steps 2-3 of a dp=2 run, resumed from its step-2 checkpoint by one rank (dp=1), give the same losses."""

@@ -60,6 +60,7 @@ def test_non_finite_loss_stops_the_run_naming_step_and_rank(tmp_path: Path) -> N
     assert [(e.step, e.rank) for e in events] == [(bad_step, 0)] and 0 < bad_step < 5
 
 
+@pytest.mark.slow  # a launch, 4 s
 def test_gpu_benchmark_script_smoke_on_cpu(tmp_path: Path) -> None:
     out = tmp_path / "bench.json"
     cmd = [sys.executable, str(ROOT / "benchmarks" / "executor_gpu.py"), "--device", "cpu", "--tiny"]

@@ -15,9 +15,8 @@ users' own scripts all go through.
 A plan argument is anything `load_plan` takes: a Plan, a preset name, a YAML path or a mapping. Bad input raises
 `plan.PlanError` with one line naming the field and the fix; nothing here prints.
 
-Every call ends in bounded time: `limits` (plan/limits.py) caps what it reads and simulates, and past a cap it
-raises PlanError naming the cap and how to raise it. A plan that does not fit in memory is refused by `validate`
-and the whole-run calls unless `allow_oom=True`; `predict` reports it (`fits`, `memory`).
+Every call ends in bounded time (`limits`, plan/limits.py, caps what it reads and simulates; PlanError names a cap
+it passes). Over memory: `validate` and whole-run calls refuse a plan unless `allow_oom`; `predict` reports it.
 """
 
 from __future__ import annotations
