@@ -49,6 +49,11 @@ def divisors(n: int, most: int = 64) -> list[int]:
     return [d for d in range(1, min(n, most) + 1) if n % d == 0]
 
 
+def _at(options: list[int], value: int) -> int:
+    """The index of `value` among a widget's valid options (the first where the plan's is not one of them)."""
+    return options.index(value) if value in options else 0
+
+
 def choose_plan() -> tuple[dict[str, Any] | None, str]:
     """The sidebar: a base plan and its what-ifs; returns the plan data (None if invalid) and its source label."""
     sb = st.sidebar
@@ -104,12 +109,14 @@ def choose_plan() -> tuple[dict[str, Any] | None, str]:
     sb.subheader("layout")
     heads = int(model["heads"])
     c1, c2, c3 = sb.columns(3)
-    tp = c1.selectbox("tp", divisors(heads), index=divisors(heads).index(layout.get("tp", 1)), key="tp")
+    tp = c1.selectbox("tp", divisors(heads), index=_at(divisors(heads), layout.get("tp", 1)), key="tp")
     pp = c2.number_input("pp", 1, int(model["layers"]), int(layout.get("pp", 1)), key="pp")
     dp = c3.number_input("dp", 1, 1_000_000, int(layout.get("dp", 1)), key="dp")
     c4, c5, c6 = sb.columns(3)
-    cp = c4.number_input("cp", 1, 64, int(layout.get("cp", 1)), key="cp")
-    ep = c5.number_input("ep", 1, 1024, int(layout.get("ep", 1)), key="ep")
+    cps = [c for c in range(1, 65) if int(model["seq_len"]) % (2 * c) == 0 or c == 1]  # 2·cp chunks of the sequence
+    cp = c4.selectbox("cp", cps, index=_at(cps, layout.get("cp", 1)), key="cp")
+    eps = divisors(int(model.get("experts") or 1), 1024)  # experts split evenly over the ep ranks
+    ep = c5.selectbox("ep", eps, index=_at(eps, layout.get("ep", 1)), key="ep")
     mbs = c6.number_input("micro-batch", 1, 64, int(layout.get("microbatch_size", 1)), key="mbs")
     schedules = ["1f1b", "interleaved-1f1b", "gpipe", "zb-h1", "zbv", "dualpipe-v"]
     schedule = sb.selectbox(

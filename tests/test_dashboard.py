@@ -227,3 +227,12 @@ def test_cluster_what_ifs_show_the_apis_prediction_for_the_changed_cluster() -> 
     expected = api.predict(api.load_plan("gpt3-175b-1k", changed))
     assert _metrics(at)["step time"] == f"{expected.step_time_s:.3f} s"
     assert expected.step_time_s < 0.6 * api.predict("gpt3-175b-1k").step_time_s  # H100s in place of A100s
+
+
+def test_layout_widgets_offer_only_valid_degrees() -> None:
+    # ep splits DeepSeek's 256 experts evenly; cp cuts its 4,096-token sequence into 2·cp equal chunks
+    at = _app()
+    at.selectbox(key="preset").set_value("deepseek-v3-2k").run()
+    assert at.selectbox(key="ep").options == [str(2**i) for i in range(9)]
+    assert at.selectbox(key="cp").options == [str(2**i) for i in range(7)]
+    assert at.selectbox(key="ep").value == api.load_plan("deepseek-v3-2k").layout.ep
