@@ -26,12 +26,12 @@ DP2 = ["layout.tp=1", "layout.pp=1", "layout.dp=2"]
 
 
 def launch(tmp: Path, name: str, overrides: list[str], steps: int, inject: tuple[str, ...] = (), **kw: Any) -> Path:
-    """Run cpu-tiny with `overrides` as `twin execute` would; the run directory."""
-    out = tmp / name
-    plan = loader.load("cpu-tiny", overrides)
+    """Run cpu-tiny (or the `preset` given) with `overrides` as `twin execute` would; the run directory."""
+    out, preset = tmp / name, kw.get("preset", "cpu-tiny")
+    plan = loader.load(preset, overrides)
     restarts = sum(not f.startswith(("slow", "bitflip", "disk-full")) for f in inject)
     cmd = torchrun_command(
-        "cpu-tiny", plan, overrides=overrides, steps=steps, device="cpu", out=out, inject=list(inject),
+        preset, plan, overrides=overrides, steps=steps, device="cpu", out=out, inject=list(inject),
         max_restarts=restarts,
     )  # fmt: skip
     cmd += ["--no-progress", "--stats-every", "0", *kw.get("extra", [])]
@@ -71,12 +71,41 @@ def test_kill_and_resume_is_bit_identical_on_dp2_tp2_pp2(tmp_path: Path) -> None
     assert [e.detail["path"].endswith("step_00000002") for e in events(killed, "resume")] == [True]
     (detected,) = events(killed, "detected")
     assert detected.rank == 5 and detected.step == 3 and detected.detail["cause"] == "died"
-    a, b = final_state(clean, tmp_path), final_state(killed, tmp_path)
+    assert_same_state(final_state(clean, tmp_path), final_state(killed, tmp_path))
+
+
+def assert_same_state(a: dict[str, Any], b: dict[str, Any]) -> None:
     assert a.keys() == b.keys()
     for part in ("model", "optim"):
         for key, value in a[part].items():
             if isinstance(value, torch.Tensor):
                 assert torch.equal(value, b[part][key]), f"{part}.{key}"
+
+
+@pytest.mark.slow  # four launches of the MoE preset, about 40 s on 2 cores
+@pytest.mark.timeout(400)
+def test_moe_kill_and_resume_is_bit_identical_and_reshards_over_ep(tmp_path: Path) -> None:
+    """DP2 with the experts over EP2, a rank killed at step 3: the same losses, gradient norms, weights and optimizer
+    state as a run never interrupted; and one rank (ep 1, every expert) resumes its step-2 checkpoint and goes on
+    with the same losses (each expert found by its global name)."""
+    ep2 = ["layout.tp=1", "layout.pp=1", "layout.dp=2", "layout.ep=2", "reliability.checkpoint=sync"]
+    ep2 += ["reliability.checkpoint_every_steps=2", "reliability.keep_checkpoints=2"]
+    clean = launch(tmp_path, "clean", ep2, steps=4, preset="cpu-tiny-moe")
+    killed = launch(tmp_path, "killed", ep2, steps=4, inject=("crash@3:1",), preset="cpu-tiny-moe")
+    want, got = rank0_steps(clean), rank0_steps(killed)
+    assert sorted(got) == list(range(4)) and len(events(killed, "resume")) == 1
+    assert [(got[s].loss, got[s].grad_norm) for s in got] == [(want[s].loss, want[s].grad_norm) for s in want]
+    assert_same_state(final_state(clean, tmp_path), final_state(killed, tmp_path))
+    single = ["layout.tp=1", "layout.pp=1", "layout.dp=1", "layout.ep=1"]
+    start = ["--resume-from", str(clean / "checkpoints" / "step_00000002")]
+    narrow = rank0_steps(launch(tmp_path, "ep1", single, steps=4, preset="cpu-tiny-moe", extra=start))
+    assert sorted(narrow) == [2, 3]
+    torch.testing.assert_close(
+        torch.tensor([narrow[s].loss for s in (2, 3)]),
+        torch.tensor([want[s].loss for s in (2, 3)]),
+        rtol=1e-5,
+        atol=1e-5,
+    )
 
 
 @pytest.mark.slow  # three launches, 12 s on 2 cores
