@@ -41,17 +41,32 @@ def sweep_of(plan_json: str, seeds: int) -> Any:
     return api.sweep_checkpoint(json.loads(plan_json), seeds)
 
 
-# the layout widgets' keys, reset with the sidebar's when the base plan changes
-WIDGETS = ("tp", "pp", "dp", "cp", "ep", "mbs", "schedule", "v", "zero", "recompute", "sp", "batch", *sidebar.WIDGETS)
-
-
 def divisors(n: int, most: int = 64) -> list[int]:
     return [d for d in range(1, min(n, most) + 1) if n % d == 0]
 
 
-def _at(options: list[int], value: int) -> int:
-    """The index of `value` among a widget's valid options (the first where the plan's is not one of them)."""
-    return options.index(value) if value in options else 0
+def _with(options: list[int], key: str) -> list[int]:
+    """A widget's valid options, and the plan's own value first where it is not one of them (shown, then judged)."""
+    value = st.session_state[key]
+    return options if value in options else [value, *options]
+
+
+def start_values(layout: dict[str, Any], batch: int) -> dict[str, Any]:
+    """The layout widgets' values for a plan: what they show until the user moves them."""
+    return {
+        "tp": int(layout.get("tp", 1)),
+        "pp": int(layout.get("pp", 1)),
+        "dp": int(layout.get("dp", 1)),
+        "cp": int(layout.get("cp", 1)),
+        "ep": int(layout.get("ep", 1)),
+        "mbs": int(layout.get("microbatch_size", 1)),
+        "schedule": layout.get("schedule", "1f1b"),
+        "v": max(2, int(layout.get("virtual_stages", 1))),
+        "zero": int(layout.get("zero", 0)),
+        "recompute": layout.get("recompute", "none"),
+        "sp": bool(layout.get("sequence_parallel", False)),
+        "batch": batch,
+    }
 
 
 def choose_plan() -> tuple[dict[str, Any] | None, str]:
@@ -91,52 +106,45 @@ def choose_plan() -> tuple[dict[str, Any] | None, str]:
         label = name
     base = loader.expand_model(dict(base), label)
     model, layout = base["model"], dict(base.get("layout") or {})
-    if st.session_state.get("_base") != label:  # a new base plan: its own values, not the last plan's widgets
-        for key in WIDGETS:
-            st.session_state.pop(key, None)
-        st.session_state["_base"] = label
+    fresh = st.session_state.get("_base") != label  # a new base plan: its own values, not the last plan's
+    st.session_state["_base"] = label
     loaded = st.session_state.pop("load_layout", None)
-    if loaded:  # a layout picked in the search: the widgets start from it
+    if loaded:  # a layout picked in the search
         base["layout"] = layout = {**layout, **loaded["layout"], "stage_layers": None}
         base["training"] = {**base["training"], "global_batch": loaded["global_batch"]}
-        for key in WIDGETS:
-            st.session_state.pop(key, None)
+    if fresh or loaded:
+        # set, not cleared: a browser sends back what its widgets show, which would outlive a cleared key
+        st.session_state.update(start_values(layout, int(base["training"]["global_batch"])))
 
     cluster = base["cluster"] if isinstance(base["cluster"], str) else base["cluster"]["name"]
-    overrides += sidebar.cluster_what_ifs(sb, cluster)
-    overrides += sidebar.recovery_what_ifs(sb, dict(base.get("reliability") or {}))
+    overrides += sidebar.cluster_what_ifs(sb, cluster, fresh)
+    overrides += sidebar.recovery_what_ifs(sb, dict(base.get("reliability") or {}), fresh)
 
     sb.subheader("layout")
     heads = int(model["heads"])
     c1, c2, c3 = sb.columns(3)
-    tp = c1.selectbox("tp", divisors(heads), index=_at(divisors(heads), layout.get("tp", 1)), key="tp")
-    pp = c2.number_input("pp", 1, int(model["layers"]), int(layout.get("pp", 1)), key="pp")
-    dp = c3.number_input("dp", 1, 1_000_000, int(layout.get("dp", 1)), key="dp")
+    tps = divisors(heads)
+    tp = c1.selectbox("tp", _with(tps, "tp"), key="tp")
+    pp = c2.number_input("pp", 1, int(model["layers"]), key="pp")
+    dp = c3.number_input("dp", 1, 1_000_000, key="dp")
     c4, c5, c6 = sb.columns(3)
     cps = [c for c in range(1, 65) if int(model["seq_len"]) % (2 * c) == 0 or c == 1]  # 2·cp chunks of the sequence
-    cp = c4.selectbox("cp", cps, index=_at(cps, layout.get("cp", 1)), key="cp")
+    cp = c4.selectbox("cp", _with(cps, "cp"), key="cp")
     eps = divisors(int(model.get("experts") or 1), 1024)  # experts split evenly over the ep ranks
-    ep = c5.selectbox("ep", eps, index=_at(eps, layout.get("ep", 1)), key="ep")
-    mbs = c6.number_input("micro-batch", 1, 64, int(layout.get("microbatch_size", 1)), key="mbs")
-    schedules = ["1f1b", "interleaved-1f1b", "gpipe", "zb-h1", "zbv", "dualpipe-v"]
+    ep = c5.selectbox("ep", _with(eps, "ep"), key="ep")
+    mbs = c6.number_input("micro-batch", 1, 64, key="mbs")
     schedule = sb.selectbox(
-        "schedule", schedules, index=schedules.index(layout.get("schedule", "1f1b")), key="schedule"
+        "schedule", ["1f1b", "interleaved-1f1b", "gpipe", "zb-h1", "zbv", "dualpipe-v"], key="schedule"
     )
-    v_default = int(layout.get("virtual_stages", 1))
     if schedule == "interleaved-1f1b":
-        v = sb.number_input("virtual stages", 2, 64, max(2, v_default), key="v")
+        v = sb.number_input("virtual stages", 2, 64, key="v")
     else:
         v = 2 if schedule in ("zbv", "dualpipe-v") else 1  # the only value these schedules take
     c7, c8 = sb.columns(2)
-    zero = c7.selectbox("ZeRO", [0, 1, 2, 3], index=int(layout.get("zero", 0)), key="zero")
-    recompute_levels = ["none", "selective", "full"]
-    recompute = c8.selectbox(
-        "recompute", recompute_levels, index=recompute_levels.index(layout.get("recompute", "none")), key="recompute"
-    )
-    sp = sb.checkbox("sequence parallel", bool(layout.get("sequence_parallel", False)), key="sp", disabled=tp == 1)
-    batch = sb.number_input(
-        "global batch (sequences)", 1, 10_000_000, int(base["training"]["global_batch"]), key="batch"
-    )
+    zero = c7.selectbox("ZeRO", [0, 1, 2, 3], key="zero")
+    recompute = c8.selectbox("recompute", ["none", "selective", "full"], key="recompute")
+    sp = sb.checkbox("sequence parallel", key="sp", disabled=tp == 1)
+    batch = sb.number_input("global batch (sequences)", 1, 10_000_000, key="batch")
     chosen = {
         "tp": tp,
         "pp": pp,

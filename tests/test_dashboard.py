@@ -4,7 +4,9 @@ API predicts for the changed plan, a bad layout shows the loader's line, search 
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from streamlit.testing.v1 import AppTest
@@ -98,10 +100,10 @@ def test_figures_follow_the_numbers() -> None:
     assert set(table["axis"]) == set(pred.collectives)
 
 
-@pytest.mark.slow
-def test_every_page_in_a_real_browser(tmp_path: Path) -> None:
-    """streamlit run on loopback, each tab opened in headless Chromium (Debian's chromium and chromium-driver),
-    a screenshot per page under the test's output, the headline shown and no error text."""
+@pytest.fixture
+def browser() -> Iterator[tuple[Any, str]]:
+    """`streamlit run app.py` on loopback and a headless Chromium (Debian's chromium and chromium-driver) driving
+    it: (driver, url)."""
     import shutil
     import subprocess
     import sys
@@ -112,9 +114,6 @@ def test_every_page_in_a_real_browser(tmp_path: Path) -> None:
     if not (chromium and chromedriver):
         pytest.skip("needs Debian's chromium and chromium-driver (apt-get install chromium chromium-driver)")
     webdriver = pytest.importorskip("selenium.webdriver")
-    from selenium.webdriver.common.by import By
-    from selenium.webdriver.support.ui import WebDriverWait
-
     from twin.cli.launch import free_port
 
     port = free_port()
@@ -137,26 +136,48 @@ def test_every_page_in_a_real_browser(tmp_path: Path) -> None:
             except OSError:
                 time.sleep(0.5)
         driver = webdriver.Chrome(service=webdriver.ChromeService(chromedriver), options=options)
-        driver.get(url)
-        body = lambda: driver.find_element(By.TAG_NAME, "body").text  # noqa: E731
-        pages = {"Step": "MFU / HFU", "Run": "goodput", "Search": "objective", "Compare": "scenario name",
-                 "Calibrate": "calibrated profile"}  # fmt: skip
-        WebDriverWait(driver, 120).until(lambda d: "step time" in body())
-        for name, shows in pages.items():
-            tab = next(t for t in driver.find_elements(By.CSS_SELECTOR, "[role=tab]") if t.text == name)
-            tab.click()
-            try:
-                WebDriverWait(driver, 60).until(lambda d, shows=shows: shows in body())
-            finally:
-                time.sleep(1)  # let the tab's charts draw
-                driver.save_screenshot(str(tmp_path / f"{name.lower()}.png"))
-            text = body()
-            assert "Traceback" not in text and "Error" not in text, (name, text[:500])
+        yield driver, url
     finally:
         if driver is not None:
             driver.quit()
         server.terminate()
         server.wait(timeout=30)
+
+
+def _tab(driver: Any, name: str) -> None:
+    from selenium.webdriver.common.by import By
+
+    next(t for t in driver.find_elements(By.CSS_SELECTOR, "[role=tab]") if t.text == name).click()
+
+
+def _text(driver: Any) -> str:
+    from selenium.webdriver.common.by import By
+
+    return str(driver.find_element(By.TAG_NAME, "body").text)
+
+
+@pytest.mark.slow
+def test_every_page_in_a_real_browser(browser: tuple[Any, str], tmp_path: Path) -> None:
+    """Each tab opened in headless Chromium, a screenshot per page under the test's output, the headline shown and
+    no error text."""
+    import time
+
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    driver, url = browser
+    driver.get(url)
+    pages = {"Step": "MFU / HFU", "Run": "goodput", "Search": "objective", "Compare": "scenario name",
+             "Calibrate": "calibrated profile"}  # fmt: skip
+    WebDriverWait(driver, 120).until(lambda d: "step time" in _text(d))
+    for name, shows in pages.items():
+        _tab(driver, name)
+        try:
+            WebDriverWait(driver, 60).until(lambda d, shows=shows: shows in _text(d))
+        finally:
+            time.sleep(1)  # let the tab's charts draw
+            driver.save_screenshot(str(tmp_path / f"{name.lower()}.png"))
+        text = _text(driver)
+        assert "Traceback" not in text and "Error" not in text, (name, text[:500])
     assert sorted(p.name for p in tmp_path.glob("*.png")) == [
         "calibrate.png",
         "compare.png",
@@ -164,6 +185,45 @@ def test_every_page_in_a_real_browser(tmp_path: Path) -> None:
         "search.png",
         "step.png",
     ]
+
+
+@pytest.mark.slow
+def test_a_click_on_the_pareto_front_loads_that_layout(browser: tuple[Any, str], tmp_path: Path) -> None:
+    """Search cpu-tiny's layouts in the browser, click a point of the Pareto scatter: the sidebar's layout becomes
+    that point's (a browser sends back what its widgets show, which AppTest does not: only a browser sees this)."""
+    from selenium.common.exceptions import TimeoutException
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    driver, url = browser
+    driver.get(f"{url}/?plan=cpu-tiny")
+    WebDriverWait(driver, 120).until(lambda d: "step time" in _text(d))
+    _tab(driver, "Search")
+    WebDriverWait(driver, 60).until(lambda d: "objective" in _text(d))
+    next(b for b in driver.find_elements(By.TAG_NAME, "button") if b.text == "search").click()
+    WebDriverWait(driver, 120).until(lambda d: d.find_elements(By.CSS_SELECTOR, ".scatterlayer .point"))
+
+    def shown() -> tuple[str | None, ...]:  # the sidebar's pp and dp
+        return tuple(
+            driver.find_element(By.CSS_SELECTOR, f"input[aria-label='{axis}']").get_attribute("value")
+            for axis in ("pp", "dp")
+        )
+
+    before = shown()
+    points = driver.find_elements(By.CSS_SELECTOR, ".scatterlayer .point")
+    driver.save_screenshot(str(tmp_path / "search-result.png"))
+    for point in points[:8]:  # the first point whose layout differs from the plan's in pp or dp
+        ActionChains(driver).move_to_element(point).pause(0.5).click().perform()
+        try:
+            WebDriverWait(driver, 10).until(lambda d: shown() != before)
+            break
+        except TimeoutException:  # a point of the same pp and dp: try the next
+            continue
+    else:
+        pytest.fail(f"no click on the first 8 of {len(points)} Pareto points changed the sidebar's pp, dp {before}")
+    driver.save_screenshot(str(tmp_path / "loaded.png"))
+    assert "Traceback" not in _text(driver)
 
 
 def test_a_model_of_ones_own_on_a_catalogue_cluster() -> None:

@@ -16,9 +16,6 @@ from twin import api
 
 AS_IN_FILE = "as in the cluster file"
 
-WIDGETS = ("accelerator", "domain", "nvlink", "nic", "oversub", "nodes", "rate_scale", "price", "spares", "restart")
-"""Widget keys reset when the base plan changes (app.py resets its layout widgets with these)."""
-
 
 def own_model(sb: Any) -> dict[str, Any]:
     """A model of the user's own: the sizes a planner knows (Llama 3 8B's to start from)."""
@@ -40,58 +37,65 @@ def own_model(sb: Any) -> dict[str, Any]:
     return {"name": "my model", **{k: int(v) for k, v in sizes.items()}}
 
 
-def cluster_what_ifs(sb: Any, cluster_name: str) -> list[str]:
-    """The cluster's chip, NVLink domain, link speeds, over-subscription, size, failure rates and price."""
+def cluster_what_ifs(sb: Any, cluster_name: str, fresh: bool) -> list[str]:
+    """The cluster's chip, NVLink domain, link speeds, over-subscription, size, failure rates and price; `fresh`:
+    the widgets start again from the cluster's own values (a new base plan)."""
     cl = api.load_cluster(cluster_name)
-    out: list[str] = []
+    tiers = cl.fabric.tiers
+    was = {
+        "accelerator": AS_IN_FILE,
+        "domain": int(cl.node.gpus),
+        "nvlink": float(cl.node.intra.bandwidth_GBps),
+        "nic": float(tiers[0].bandwidth_GBps) if tiers else 0.0,
+        "oversub": float(max((t.oversubscription for t in tiers[1:]), default=1.0)),
+        "nodes": int(cl.nodes),
+        "rate_scale": 1.0,
+        "price": float(cl.economics.usd_per_gpu_hour),
+    }
+    _start(was, fresh)
     with sb.expander("cluster what-ifs"):
-        chip = st.selectbox(
-            f"accelerator (now {cl.accelerator.name})", [AS_IN_FILE, *accelerator_names()], key="accelerator"
-        )
-        if chip != AS_IN_FILE:
-            out.append(f"cluster.accelerator={chip}")
-        changes: list[tuple[str, Any, Any]] = []
+        st.selectbox(f"accelerator (now {cl.accelerator.name})", [AS_IN_FILE, *accelerator_names()], key="accelerator")
         if not cl.fabric.torus:  # a torus fixes its chips per node by its dimensions
             c1, c2 = st.columns(2)
-            domain = c1.number_input("GPUs per NVLink domain", 1, 1024, int(cl.node.gpus), key="domain")
-            nvlink = c2.number_input("NVLink GB/s per GPU", 0.1, 100_000.0, cl.node.intra.bandwidth_GBps, key="nvlink")
-            changes += [
-                ("node.gpus", domain, cl.node.gpus),
-                ("node.intra.bandwidth_GBps", nvlink, cl.node.intra.bandwidth_GBps),
-            ]
-        tiers = cl.fabric.tiers
+            c1.number_input("GPUs per NVLink domain", 1, 1024, key="domain")
+            c2.number_input("NVLink GB/s per GPU", 0.1, 100_000.0, key="nvlink")
         if tiers:
             c1, c2 = st.columns(2)
-            nic = c1.number_input("NIC GB/s per GPU", 0.1, 10_000.0, float(tiers[0].bandwidth_GBps), key="nic")
-            changes.append(("fabric.tiers.*.bandwidth_GBps", nic, tiers[0].bandwidth_GBps))
+            c1.number_input("NIC GB/s per GPU", 0.1, 10_000.0, key="nic")
             if len(tiers) > 1:  # the leaf's uplinks and above: where a fat tree is tapered
-                was = max(t.oversubscription for t in tiers[1:])
-                oversub = c2.number_input("over-subscription above the leaf", 1.0, 64.0, float(was), key="oversub")
-                if oversub != was:
-                    out += [f"cluster.fabric.tiers.{i}.oversubscription={oversub}" for i in range(1, len(tiers))]
+                c2.number_input("over-subscription above the leaf", 1.0, 64.0, key="oversub")
         c1, c2, c3 = st.columns(3)
-        changes += [
-            ("nodes", c1.number_input("nodes", 1, 10_000_000, int(cl.nodes), key="nodes"), cl.nodes),
-            ("failures.rate_scale", c2.number_input("failure-rate ×", 0.0, 100.0, 1.0, 0.25, key="rate_scale"), 1.0),
-            (
-                "economics.usd_per_gpu_hour",
-                c3.number_input("USD / GPU-hour", 0.01, 100.0, float(cl.economics.usd_per_gpu_hour), key="price"),
-                cl.economics.usd_per_gpu_hour,
-            ),
-        ]
-        out += [f"cluster.{field}={value}" for field, value, was in changes if value != was]
-    return out
+        c1.number_input("nodes", 1, 10_000_000, key="nodes")
+        c2.number_input("failure-rate ×", 0.0, 100.0, step=0.25, key="rate_scale")
+        c3.number_input("USD / GPU-hour", 0.01, 100.0, key="price")
+    fields = {
+        "accelerator": ["accelerator"],
+        "domain": ["node.gpus"],
+        "nvlink": ["node.intra.bandwidth_GBps"],
+        "nic": ["fabric.tiers.*.bandwidth_GBps"],
+        "oversub": [f"fabric.tiers.{i}.oversubscription" for i in range(1, len(tiers))],
+        "nodes": ["nodes"],
+        "rate_scale": ["failures.rate_scale"],
+        "price": ["economics.usd_per_gpu_hour"],
+    }
+    moved = {key: st.session_state[key] for key in was if st.session_state[key] != was[key]}
+    return [f"cluster.{field}={value}" for key, value in moved.items() for field in fields[key]]
 
 
-def recovery_what_ifs(sb: Any, reliability: dict[str, Any]) -> list[str]:
+def recovery_what_ifs(sb: Any, reliability: dict[str, Any], fresh: bool) -> list[str]:
     """Hot spares and the time a restart takes."""
-    out = []
+    was = {"spares": int(reliability.get("hot_spares", 0)), "restart": float(reliability.get("restart_min", 10.0))}
+    _start(was, fresh)
     with sb.expander("recovery what-ifs"):
-        spares = st.number_input("hot spare nodes", 0, 100_000, int(reliability.get("hot_spares", 0)), key="spares")
-        was = float(reliability.get("restart_min", 10.0))
-        restart = st.number_input("restart minutes", 0.1, 1440.0, was, key="restart")
-        if spares != reliability.get("hot_spares", 0):
-            out.append(f"reliability.hot_spares={spares}")
-        if restart != was:
-            out.append(f"reliability.restart_min={restart}")
-    return out
+        st.number_input("hot spare nodes", 0, 100_000, key="spares")
+        st.number_input("restart minutes", 0.1, 1440.0, key="restart")
+    fields = {"spares": "reliability.hot_spares", "restart": "reliability.restart_min"}
+    return [f"{fields[k]}={st.session_state[k]}" for k in was if st.session_state[k] != was[k]]
+
+
+def _start(values: dict[str, Any], fresh: bool) -> None:
+    """Widget values in session state, which the widgets then show: reset for a new base plan, else kept (a browser
+    sends back what its widgets show, so a cleared key would not reset them)."""
+    for key, value in values.items():
+        if fresh or key not in st.session_state:
+            st.session_state[key] = value
