@@ -22,6 +22,29 @@ SCHEDULE_CLASSES = {
 """The torch.distributed.pipelining class each plan schedule runs as (executor/pipeline.py builds them)."""
 
 
+PINNED_TORCH = "2.13.0"
+"""The torch release the executor is tested on (pyproject.toml pins it)."""
+
+PRIVATE_APIS = (
+    "torch.distributed._functional_collectives (comm timing, executor/commtime.py)",
+    "torch.distributed.pipelining.schedules._batch_p2p and _PipelineSchedule (pipeline timing and building)",
+    "DeviceMesh._flatten (the dp·cp replica mesh)",
+    "torch.distributed.tensor's _StridedShard (FSDP2 over TP, in the gradient norm)",
+)
+"""Private torch APIs the executor relies on: what another release may break."""
+
+
+def torch_version_warning(version: str) -> str | None:
+    """One line naming what may break under a torch release other than the pinned one; None under the pinned one
+    (a local build suffix such as +cpu does not count)."""
+    if version.split("+")[0] == PINNED_TORCH:
+        return None
+    return (
+        f"torch {version}: the executor is tested on {PINNED_TORCH} and relies on private APIs that may have changed: "
+        + "; ".join(PRIVATE_APIS)
+    )
+
+
 def matmul_dtype(device: str) -> str:
     """fp32 on CPU (no autocast: the sharded-against-reference tests compare in fp32); bf16 autocast on GPU."""
     return "bf16" if device == "cuda" else "fp32"

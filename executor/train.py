@@ -31,7 +31,7 @@ import torch.distributed as dist
 
 from executor.checkpoint import Checkpointer
 from executor.ckpt_store import CheckpointError
-from executor.contract import what_runs
+from executor.contract import torch_version_warning, what_runs
 from executor.data import DataError, Sampler, open_corpus, save_cursor
 from executor.elastic import RestartTimer, fit_world, gang_facts
 from executor.engine import StepResult, Trainer
@@ -53,6 +53,7 @@ from executor.telemetry import (
     write_manifest,
 )
 from plan import loader
+from plan.device import fp8_refusal
 from plan.loader import PlanError
 from plan.records import EventRecord, LayerStatsRecord, RankCoords, StepRecord
 from plan.schema import Plan
@@ -357,12 +358,17 @@ def main(argv: list[str] | None = None) -> int:
             )
         if device == "cuda" and not torch.cuda.is_available():
             raise LayoutError("--device cuda: no CUDA device is visible; use --device cpu")
+        capability = torch.cuda.get_device_capability() if device == "cuda" else None
+        if refusal := fp8_refusal(plan, device, capability):
+            raise LayoutError(refusal)
     except (PlanError, LayoutError, ValueError) as exc:
         print(f"error: {_one_line(exc)}", file=sys.stderr)
         return EXIT_BAD_INPUT
     if int(os.environ.get("RANK", "0")) == 0:  # what runs otherwise than the plan says, once per gang
         for line in what_runs(plan, device).mismatches:
             print(f"warning: {line}", file=sys.stderr)
+        if version := torch_version_warning(torch.__version__):
+            print(f"warning: {version}", file=sys.stderr)
     dev = init_distributed(device, args.timeout_s)
     try:
         run_training(plan, args, dev)

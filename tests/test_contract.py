@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from executor.contract import what_runs
+from executor.contract import PINNED_TORCH, torch_version_warning, what_runs
 from plan import loader
+from plan.device import fp8_refusal
 from plan.records import RunManifest, plan_as_ran
 from twin.step.predict import predict
 
@@ -79,3 +80,26 @@ def test_a_manifest_from_before_the_contract_is_priced_as_it_stands() -> None:
         device="cpu", backend="gloo", world_size=8, hosts=("h",) * 8,
     )  # fmt: skip
     assert plan_as_ran(old) == plan
+
+
+def test_another_torch_release_is_one_warning_naming_what_may_break() -> None:
+    assert torch_version_warning(f"{PINNED_TORCH}+cpu") is None and torch_version_warning(PINNED_TORCH) is None
+    line = torch_version_warning("2.14.0")
+    assert line is not None and "\n" not in line
+    assert line.startswith(f"torch 2.14.0: the executor is tested on {PINNED_TORCH}")
+    assert "_functional_collectives" in line and "_batch_p2p" in line
+
+
+@pytest.mark.parametrize(
+    ("device", "capability", "refused"),
+    [("cpu", None, True), ("cuda", (8, 0), True), ("cuda", (8, 9), False), ("cuda", (9, 0), False)],
+)
+def test_an_fp8_plan_without_fp8_tensor_cores_is_refused_at_start(
+    device: str, capability: tuple[int, int] | None, refused: bool
+) -> None:
+    fp8 = loader.load("cpu-tiny", ["training.dtype=fp8"])
+    why = fp8_refusal(fp8, device, capability)
+    assert (why is not None) == refused
+    if why:
+        assert why.startswith("training.dtype: fp8 needs fp8 tensor cores") and why.endswith("set training.dtype: bf16")
+    assert fp8_refusal(loader.load("cpu-tiny"), "cpu", None) is None  # bf16 runs (as fp32) on a CPU

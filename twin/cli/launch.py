@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from plan.cache import CACHE_ENV, cache_dir, default_corpus
+from plan.device import fp8_refusal
 from plan.loader import PlanError
 from plan.records import EventRecord, RecordError, StepRecord, iter_records
 from plan.reliability import FaultSpec
@@ -245,6 +246,15 @@ def default_max_restarts(faults: tuple[FaultSpec, ...], elastic: bool) -> int:
     return max(restarts, ELASTIC_RESTARTS) if elastic else restarts
 
 
+def _capability(device: str) -> tuple[int, int] | None:
+    """The local GPU's compute capability, where the gang runs on this host's GPUs."""
+    if device != "cuda":
+        return None
+    import torch  # only for a GPU run: `twin execute` on CPU does not pay torch's import here
+
+    return tuple(torch.cuda.get_device_capability()) if torch.cuda.is_available() else None  # type: ignore[return-value]
+
+
 def launch(
     plan_source: str,
     plan: Plan,
@@ -269,6 +279,8 @@ def launch(
     With `capture`, the gang's output is collected instead of shown (its last stderr line becomes `error`)."""
     if device not in ("cpu", "cuda"):
         raise PlanError(f"--device {device!r}: use cpu or cuda")
+    if refusal := fp8_refusal(plan, device, _capability(device)):  # one line here, not one per rank
+        raise PlanError(f"{plan.name}: {refusal}")
     faults = plan_faults(plan, inject or [])
     least, most = parse_nnodes(nnodes)
     out = output_dir(out, "--out")  # before any rank starts: a bad --out is one line, not a gang's tracebacks
