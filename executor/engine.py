@@ -83,10 +83,8 @@ class Trainer:
         self.parts = [self._build_part(s, compile) for s in self.stage_ids]
         self.params = list({id(p): p for m in self.parts for p in m.parameters()}.values())
         # with ep > 1 the routed experts differ between dp ranks: reduced over their own replicas, normed as spread
-        ep = lay.ep if plan.model.is_moe else 1
-        self.spread = {id(p): ep for m in self.parts for moe in m.moe_layers() for p in moe.experts.parameters()}
-        if ep == 1:
-            self.spread = {}
+        experts = [p for m in self.parts for moe in m.moe_layers() for p in moe.experts.parameters()]
+        self.spread = {id(p): lay.ep for p in experts} if topo.expert_parallel else {}
         self.optimizer = self._build_optimizer()
         self.clock = StageClock()
         self.schedule = self._build_schedule() if lay.pp > 1 else None
@@ -96,7 +94,7 @@ class Trainer:
         plan, topo, lay = self.plan, self.topo, self.plan.layout
         layers = stage_layer_ids(plan, stage) if lay.pp > 1 else range(plan.model.layers)
         last = stage == lay.num_stages - 1
-        experts = topo.expert_ids() if lay.ep > 1 else None
+        experts = topo.expert_ids() if topo.expert_parallel else None
         model = build_stage_model(plan.model, layers, stage == 0, last, plan.training.seed, self.device, experts)
         for moe in model.moe_layers():
             moe.group, moe.comm = topo.ep_group, topo.comm
@@ -231,10 +229,10 @@ class Trainer:
         reduce_partial_gradients(self.params)
         lay = self.plan.layout
         if lay.zero == 0 and self.topo.replica_mesh is not None:
-            dense = [p for p in self.params if id(p) not in self.spread]
+            dense, experts = self.dense_and_experts()
             all_reduce_gradients(dense, self.topo.replica_mesh.get_group(), comm)
-            experts = [p for p in self.params if id(p) in self.spread]
-            all_reduce_gradients(experts, self.topo.expert_replica_group, comm, over=lay.dp * lay.cp)
+            if self.topo.expert_parallel:
+                all_reduce_gradients(experts, self.topo.expert_replica_group, comm, over=lay.dp * lay.cp)
         grads = gradient_norms(self.parts) if stats else {}
         routing = self._routing()
         grad_norm, job_loss, barrier_s = self._reduce_metrics(step, losses)
@@ -252,6 +250,10 @@ class Trainer:
         if stats:
             result.expert_load, result.dropped = routing
         return result
+
+    def dense_and_experts(self) -> tuple[list[torch.nn.Parameter], list[torch.nn.Parameter]]:
+        """This rank's parameters held like dense weights, and its routed experts spread over ep ranks."""
+        return [p for p in self.params if id(p) not in self.spread], [p for p in self.params if id(p) in self.spread]
 
     def _routing(self) -> tuple[dict[str, list[int]], dict[str, int]]:
         """Each MoE layer's token choices per expert and dropped choices in this step (counters reset)."""

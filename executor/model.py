@@ -20,6 +20,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 from torch.utils.checkpoint import checkpoint
 
+from executor.mlp import FeedForward
 from executor.moe import MoE
 from plan.schema import ModelSpec, Recompute
 
@@ -114,22 +115,6 @@ def _arange_positions(seq: int, device: torch.device) -> torch.Tensor:
     return torch.arange(seq, device=device)
 
 
-class FeedForward(nn.Module):
-    """SwiGLU (Shazeer 2020) when gated, otherwise a two-matrix GELU MLP."""
-
-    def __init__(self, spec: ModelSpec) -> None:
-        super().__init__()
-        self.glu = spec.glu
-        self.w1 = nn.Linear(spec.hidden, spec.ffn_hidden, bias=False)
-        self.w2 = nn.Linear(spec.ffn_hidden, spec.hidden, bias=False)
-        self.w3 = nn.Linear(spec.hidden, spec.ffn_hidden, bias=False) if spec.glu else None
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.w3 is not None:
-            return self.w2(F.silu(self.w1(x)) * self.w3(x))
-        return self.w2(F.gelu(self.w1(x), approximate="tanh"))
-
-
 class Block(nn.Module):
     """One pre-norm transformer layer; its MLP a mixture of experts (those of `expert_ids`) where `moe`."""
 
@@ -138,7 +123,9 @@ class Block(nn.Module):
         self.attention_norm = RMSNorm(spec.hidden)
         self.attention = Attention(spec)
         self.ffn_norm = RMSNorm(spec.hidden)
-        self.feed_forward: nn.Module = MoE(spec, expert_ids) if moe else FeedForward(spec)
+        self.feed_forward: nn.Module = (
+            MoE(spec, expert_ids) if moe else FeedForward(spec.hidden, spec.ffn_hidden, spec.glu)
+        )
         self.recompute_all = False
 
     def _layer(self, x: torch.Tensor) -> torch.Tensor:

@@ -1,5 +1,5 @@
-"""Mixture-of-experts MLP with expert parallelism: a top-k router, SwiGLU experts, optional shared experts, a
-sequence-wise load-balancing loss, dropless routing or a per-sequence capacity.
+"""Mixture-of-experts MLP with expert parallelism: a top-k router, experts and optional shared experts (the MLP of
+executor/mlp.py), a sequence-wise load-balancing loss, dropless routing or a per-sequence capacity.
 
 Experts sit in a ModuleDict keyed by their global index, like the decoder's layers, so an expert's weights are named
 (`layers.3.feed_forward.experts.5.w1.weight`) and seeded the same on whichever expert-parallel rank holds it: any
@@ -27,20 +27,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from executor.commtime import CommTimer
+from executor.mlp import FeedForward
 from plan.schema import ModelSpec
-
-
-class Expert(nn.Module):
-    """One SwiGLU MLP (Shazeer 2020) of inner width `ffn` (shared experts: their widths side by side)."""
-
-    def __init__(self, hidden: int, ffn: int) -> None:
-        super().__init__()
-        self.w1 = nn.Linear(hidden, ffn, bias=False)
-        self.w2 = nn.Linear(ffn, hidden, bias=False)
-        self.w3 = nn.Linear(hidden, ffn, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.w2(F.silu(self.w1(x)) * self.w3(x))
 
 
 class _AllToAll(torch.autograd.Function):
@@ -97,9 +85,9 @@ class MoE(nn.Module):
         self.n_experts, self.top_k = spec.experts, spec.top_k
         self.score, self.capacity_factor, self.aux_coef = spec.router, spec.capacity_factor, spec.aux_loss_coef
         self.router = nn.Linear(spec.hidden, spec.experts, bias=False)
-        self.experts = nn.ModuleDict({str(e): Expert(spec.hidden, spec.moe_ffn_hidden) for e in expert_ids})
-        ffn_shared = spec.moe_ffn_hidden * spec.shared_experts
-        self.shared = Expert(spec.hidden, ffn_shared) if ffn_shared else None
+        width, glu = spec.moe_ffn_hidden, spec.glu  # experts gate as the dense MLP does (the twin prices them so)
+        self.experts = nn.ModuleDict({str(e): FeedForward(spec.hidden, width, glu) for e in expert_ids})
+        self.shared = FeedForward(spec.hidden, width * spec.shared_experts, glu) if spec.shared_experts else None
         self.group: Any = None
         """The expert-parallel process group (None: every expert is here)."""
         self.comm = CommTimer()
@@ -118,18 +106,19 @@ class MoE(nn.Module):
         scores = logits.softmax(-1) if self.score == "softmax" else logits.sigmoid()
         top, chosen = scores.topk(self.top_k, dim=-1)  # [tokens, k]
         gates = top / top.sum(-1, keepdim=True)
-        keep = self._within_capacity(chosen, batch, seq)
+        keep = self._within_capacity(chosen, batch, seq).reshape(-1)  # per choice, token-major then slot
         with torch.no_grad():
             choices = torch.bincount(chosen.reshape(-1), minlength=self.n_experts).tolist()
             self.load = [a + b for a, b in zip(self.load, choices, strict=True)]
             self.dropped += int((~keep).sum())
-        expert, token = chosen.reshape(-1)[keep.reshape(-1)], self._token_ids(tokens, keep)
+        token = torch.arange(tokens.shape[0], device=x.device).repeat_interleave(self.top_k)[keep]
+        expert, gate = chosen.reshape(-1)[keep], gates.reshape(-1)[keep]
         order = torch.argsort(expert, stable=True)  # choices by expert; a token's slots in slot order
-        expert, token = expert[order], token[order]
+        expert, token, gate = expert[order], token[order], gate[order]
         counts = torch.bincount(expert, minlength=self.n_experts)
         routed = tokens[token]
         done = self._experts(routed, counts) if self.group is None else self._dispatched(routed, counts)
-        weighted = done.float() * gates.reshape(-1)[keep.reshape(-1)][order, None]
+        weighted = done.float() * gate[:, None]
         out = torch.zeros(tokens.shape, dtype=torch.float32, device=x.device).index_add(0, token, weighted)
         if self.shared is not None:
             out = out + self.shared(tokens).float()
@@ -137,10 +126,6 @@ class MoE(nn.Module):
         if self.aux_coef and self.training and torch.is_grad_enabled():
             out = _AuxLoss.apply(out, self._balance_loss(scores, chosen, batch, seq), self.aux_scale)
         return out
-
-    def _token_ids(self, tokens: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
-        ids = torch.arange(tokens.shape[0], device=tokens.device).repeat_interleave(self.top_k)
-        return ids[keep.reshape(-1)]
 
     def _within_capacity(self, chosen: torch.Tensor, batch: int, seq: int) -> torch.Tensor:
         """Which choices an expert takes: all (dropless), or per sequence the first `capacity` in token order."""

@@ -36,7 +36,8 @@ from torch.distributed.tensor.parallel import (
 
 from executor.commtime import CommTimer
 from executor.context_parallel import AllGatherAttention
-from executor.model import GPT, FeedForward
+from executor.mlp import FeedForward
+from executor.model import GPT
 from plan.rank_grid import Coords, RankGrid
 from plan.schema import Plan
 
@@ -121,16 +122,22 @@ class Topology:
             return self.mesh["dp" if dp > 1 else "cp"]
         return None
 
+    @property
+    def expert_parallel(self) -> bool:
+        """Routed experts split over ep > 1 ranks: the same on every rank, so it may gate a collective."""
+        return self.plan.model.is_moe and self.plan.layout.ep > 1
+
     @cached_property
     def ep_group(self) -> dist.ProcessGroup | None:
         """The ranks that share one MoE layer's experts (None without expert parallelism)."""
-        return _own_group(self.grid.groups("ep"), self.rank) if self.plan.layout.ep > 1 else None
+        return _own_group(self.grid.groups("ep"), self.rank) if self.expert_parallel else None
 
     @cached_property
     def expert_replica_group(self) -> dist.ProcessGroup | None:
-        """The ranks that hold copies of this rank's experts (edp·cp); None where only this one does."""
+        """The ranks that hold copies of this rank's experts (edp·cp); None where only this one does, or without
+        expert parallelism (the experts are then replicated like dense weights)."""
         rows = self.grid.groups("edp", "cp")
-        return _own_group(rows, self.rank) if rows.shape[1] > 1 else None
+        return _own_group(rows, self.rank) if self.expert_parallel and rows.shape[1] > 1 else None
 
     def expert_ids(self) -> range:
         """The routed experts this rank holds: its slice of the experts along ep."""

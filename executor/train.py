@@ -316,12 +316,10 @@ class TrainLoop:
 
     def _corrupt(self) -> bool:
         # routed experts differ between the ranks of an expert-parallel group: each is checked among its own copies
-        spread = self.trainer.spread
-        dense = [p for p in self.trainer.params if id(p) not in spread]
-        experts = [p for p in self.trainer.params if id(p) in spread]
+        dense, experts = self.trainer.dense_and_experts()
         device = self.trainer.device
         bad = replicas_disagree(dense, self.replicas, device)
-        if self.topo.plan.layout.ep > 1 and self.topo.plan.model.is_moe:  # on every rank: it is a collective
+        if self.topo.expert_parallel:  # the same on every rank: the check is a collective
             bad = replicas_disagree(experts, self.topo.expert_replica_group, device) or bad
         return bad
 

@@ -6,8 +6,9 @@ from plan.schema import Plan
 
 
 def fp8_refusal(plan: Plan, device: str, capability: tuple[int, int] | None) -> str | None:
-    """Why an fp8 plan cannot start on this device (fp8 tensor cores need compute capability 8.9: Ada, Hopper,
-    Blackwell); None where it can, or the plan is not fp8. Refused at start, not mid-run."""
+    """Why an fp8 plan cannot start on this device; None where it can, or the plan is not fp8. Refused at start,
+    not mid-run. FP8 tensor-core GEMMs need compute capability 8.9 or later (Ada 8.9, Hopper 9.0, Blackwell 10.x):
+    NVIDIA Transformer Engine's installation requirements, and torch's `_scaled_mm`, which checks for sm_89+."""
     if plan.training.dtype != "fp8":
         return None
     if device == "cuda" and capability is not None and capability >= (8, 9):
