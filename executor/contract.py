@@ -50,21 +50,30 @@ def matmul_dtype(device: str) -> str:
     return "bf16" if device == "cuda" else "fp32"
 
 
-def optimizer_name(plan: Plan, device: str, sharded: bool) -> str:
-    """The optimizer as executor/engine.py builds it: fused on GPU when no parameter is a DTensor, else
-    single-tensor (foreach=False: torch's foreach path and DTensor parameters disagree on some ops)."""
+def optimizer_kernels(plan: Plan, device: str) -> dict[str, bool]:
+    """How executor/engine.py's Adam steps: fused kernels on GPU when every parameter is a plain tensor; else the
+    foreach (multi-tensor) path, unless the parameters come in two kinds that torch's foreach ops cannot take in
+    one list — tp (its DTensors beside plain norm gains, or FSDP's 2-D and 1-D meshes) or experts sharded over a
+    mesh of their own (ep with FSDP) — where it steps one tensor at a time."""
+    lay = plan.layout
+    if lay.tp > 1 or (plan.model.is_moe and lay.ep > 1 and lay.zero > 0):
+        return {"foreach": False}
+    fsdp = lay.zero > 0 and lay.dp * lay.cp > 1
+    return {"fused": True} if device == "cuda" and not fsdp else {"foreach": True}
+
+
+def optimizer_name(plan: Plan, device: str) -> str:
     kind = plan.training.optimizer
     if kind == "sgd":
         return "torch.optim.SGD(momentum=0.9)"
     name = "AdamW" if kind == "adamw" else "Adam"
-    flag = "fused=True" if device == "cuda" and not sharded else "foreach=False"
+    flag = ", ".join(f"{k}={v}" for k, v in optimizer_kernels(plan, device).items())
     return f"torch.optim.{name}({flag})"
 
 
 def what_runs(plan: Plan, device: str) -> Ran:
     """The executor's `ran` section for `plan` on `device`, with the mismatches it warns about."""
     lay, rel = plan.layout, plan.reliability
-    sharded = lay.tp > 1 or (lay.zero > 0 and lay.dp * lay.cp > 1)
     interval = None if rel.checkpoint_interval_min == "auto" else float(rel.checkpoint_interval_min)
     writes = bool(rel.checkpoint_every_steps or interval)
     ran = Ran(
@@ -73,7 +82,7 @@ def what_runs(plan: Plan, device: str) -> Ran:
         grad_reduce_dtype="fp32",
         cp_algorithm="all-gather",
         schedule=SCHEDULE_CLASSES[lay.schedule] if lay.pp > 1 else "none",
-        optimizer=optimizer_name(plan, device, sharded),
+        optimizer=optimizer_name(plan, device),
         checkpoint=("sync" if rel.checkpoint == "sync" else "async") if writes else "none",
         checkpoint_every_steps=rel.checkpoint_every_steps,
         checkpoint_interval_min=interval,

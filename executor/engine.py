@@ -12,35 +12,38 @@ from __future__ import annotations
 import contextlib
 import math
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.distributed.fsdp import FSDPModule
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy
 from torch.distributed.pipelining import PipelineStage
 from torch.distributed.pipelining.schedules import _PipelineSchedule
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor.parallel import loss_parallel
 
 from executor.commtime import AXES, ping_link
 from executor.context_parallel import shard_sequence
+from executor.contract import optimizer_kernels
 from executor.data import Sampler
+from executor.gradients import all_reduce_gradients, clip_gradients, global_grad_norm, reduce_partial_gradients
 from executor.layer_stats import activation_probe, gradient_norms
 from executor.model import GPT, build_stage_model, cross_entropy, set_recompute
 from executor.moe import MoE
 from executor.parallel import (
     Topology,
-    all_reduce_gradients,
     apply_context_parallel,
     apply_fsdp,
     apply_tensor_parallel,
-    clip_gradients,
-    local_grad_square_sum,
-    reduce_partial_gradients,
     reshard_after_forward,
 )
 from executor.pipeline import StageClock, build_schedule, instrument, stage_layer_ids, stages_of_rank
 from executor.sanity import NonFiniteError
 from plan.schema import Plan
+
+REDUCE_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
 @dataclass
@@ -75,16 +78,29 @@ def learning_rate(plan: Plan, step: int) -> float:
 class Trainer:
     """The model parts, optimizer and schedule of one rank."""
 
-    def __init__(self, plan: Plan, topo: Topology, sampler: Sampler, device: torch.device, compile: bool = False):
+    def __init__(
+        self,
+        plan: Plan,
+        topo: Topology,
+        sampler: Sampler,
+        device: torch.device,
+        compile: bool = False,
+        mixed_precision: bool | None = None,
+    ):
         self.plan, self.topo, self.sampler, self.device = plan, topo, sampler, device
-        self.amp = device.type == "cuda"  # bf16 autocast on GPUs; fp32 on CPU, where the reference tests compare
         lay = plan.layout
+        # bf16 compute on GPUs unless the plan says fp32; fp32 on CPU, where the reference tests compare, unless
+        # asked (the mixed-precision check compares the two there)
+        mixed = device.type == "cuda" if mixed_precision is None else mixed_precision
+        self.mixed = mixed and plan.training.dtype != "fp32"
+        self.reduce_dtype = REDUCE_DTYPES[plan.training.reduce_dtype] if self.mixed else torch.float32
+        self.fsdp = lay.zero > 0 and topo.replica_mesh is not None
         self.stage_ids = stages_of_rank(plan, topo.coords.pp) if lay.pp > 1 else [0]
         self.parts = [self._build_part(s, compile) for s in self.stage_ids]
         self.params = list({id(p): p for m in self.parts for p in m.parameters()}.values())
-        # with ep > 1 the routed experts differ between dp ranks: reduced over their own replicas, normed as spread
+        # with ep > 1 the routed experts differ between dp ranks: reduced over their own replicas, normed over ep
         experts = [p for m in self.parts for moe in m.moe_layers() for p in moe.experts.parameters()]
-        self.spread = {id(p): lay.ep for p in experts} if topo.expert_parallel else {}
+        self.spread = {id(p) for p in experts} if topo.expert_parallel else set()
         self.optimizer = self._build_optimizer()
         self.clock = StageClock()
         self.schedule = self._build_schedule() if lay.pp > 1 else None
@@ -98,6 +114,7 @@ class Trainer:
         model = build_stage_model(plan.model, layers, stage == 0, last, plan.training.seed, self.device, experts)
         for moe in model.moe_layers():
             moe.group, moe.comm = topo.ep_group, topo.comm
+            moe.cp_group = topo.group("cp") if lay.cp > 1 else None
             moe.aux_scale = 1.0 if lay.pp > 1 else 1.0 / plan.num_microbatches  # the schedule scales by itself
         set_recompute(model, lay.recompute)
         if lay.cp > 1:
@@ -107,17 +124,22 @@ class Trainer:
         if compile:
             for block in model.blocks():
                 block.compile()
-        if lay.zero > 0 and topo.replica_mesh is not None:
-            apply_fsdp(model, topo.replica_mesh, reshard_after_forward(plan))
+        if self.fsdp and topo.replica_mesh is not None:
+            apply_fsdp(model, topo.replica_mesh, reshard_after_forward(plan), self._policy(), topo)
         return model
+
+    def _policy(self) -> MixedPrecisionPolicy:
+        """FSDP2's precision: bf16 parameters gathered, gradients reduced in the plan's dtype (torchtitan's)."""
+        if not self.mixed:
+            return MixedPrecisionPolicy()
+        return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=self.reduce_dtype)
 
     def _build_optimizer(self) -> torch.optim.Optimizer:
         tr = self.plan.training
         decay = [p for p in self.params if p.ndim >= 2]  # no decay on norm gains (AdamW paper practice)
         rest = [p for p in self.params if p.ndim < 2]
         groups = [{"params": decay, "weight_decay": tr.weight_decay}, {"params": rest, "weight_decay": 0.0}]
-        plain = not any(isinstance(p, torch.distributed.tensor.DTensor) for p in self.params)
-        fast = {"fused": True} if plain and self.device.type == "cuda" else {"foreach": False}
+        fast = optimizer_kernels(self.plan, self.device.type)
         if tr.optimizer == "sgd":
             return torch.optim.SGD(groups, lr=tr.lr, momentum=0.9)
         betas = (0.9, 0.95)  # GPT-3 / Llama pre-training betas
@@ -146,10 +168,17 @@ class Trainer:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
-    def _autocast(self) -> contextlib.AbstractContextManager[None]:
-        if self.amp:
-            return torch.autocast("cuda", dtype=torch.bfloat16)
-        return contextlib.nullcontext()
+    @contextlib.contextmanager
+    def _numerics(self, autocast: bool = True) -> Iterator[None]:
+        """The step's numerics: bf16 autocast where mixed precision is not FSDP2's policy already (the forward;
+        the pipeline schedule's backward runs inside it too), and the loss on vocab-sharded logits under tp
+        (loss parallel, forward and backward)."""
+        with contextlib.ExitStack() as stack:
+            if autocast and self.mixed and not self.fsdp:
+                stack.enter_context(torch.autocast(self.device.type, dtype=torch.bfloat16))
+            if self.plan.layout.tp > 1:
+                stack.enter_context(loss_parallel())
+            yield
 
     def _batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
         c = self.topo.coords
@@ -163,9 +192,9 @@ class Trainer:
         losses: list[torch.Tensor] = []
         args = (inputs,) if 0 in self.stage_ids else ()
         kwargs: dict[str, Any] = {"target": targets, "losses": losses} if self.holds_last else {}
-        with self._autocast():
+        with self._numerics():
             self.schedule.step(*args, **kwargs)
-        return [float(x.detach()) for x in losses]
+        return [_scalar(x) for x in losses]
 
     def _run_microbatches(self, inputs: torch.Tensor, targets: torch.Tensor) -> list[float]:
         model, n = self.parts[0], self.plan.num_microbatches
@@ -175,39 +204,45 @@ class Trainer:
                 model.set_requires_gradient_sync(m == n - 1)
             comm.phase = "forward"
             start = time.perf_counter()
-            with self._autocast():
+            with self._numerics():
                 loss = cross_entropy(model(x), y)
             self._sync()
             mid = time.perf_counter()
             comm.phase = "backward"
-            (loss / n).backward()
+            with self._numerics(autocast=False):
+                (loss / n).backward()
             self._sync()
             self.clock.forward += mid - start
             self.clock.backward += time.perf_counter() - mid
-            losses.append(float(loss.detach()))
+            losses.append(_scalar(loss))
         return losses
 
-    def _reduce_metrics(self, step: int, losses: list[float]) -> tuple[float, float, float]:
-        """(grad norm, job mean loss, seconds the all-reduce took) in one all-reduce; raises NonFiniteError naming
-        the first bad rank."""
+    def _reduce_metrics(self, step: int, losses: list[float]) -> tuple[torch.Tensor, float, float]:
+        """(global grad norm, job mean loss, seconds the loss all-reduce waited for the slowest rank); raises
+        NonFiniteError naming the first bad rank."""
         lay = self.plan.layout
         holders = lay.dp * lay.cp * lay.tp
         local_loss = sum(losses) / len(losses) if losses else 0.0
-        bad_loss = float(bool(losses) and not math.isfinite(local_loss))
-        grad_sq = local_grad_square_sum(self.params, holders, self.spread)
+        bad_loss = bool(losses) and not math.isfinite(local_loss)
         contrib = local_loss / holders if losses and not bad_loss else 0.0
-        packed = torch.tensor([float(grad_sq), contrib, bad_loss], dtype=torch.float64, device=self.device)
+        packed = torch.tensor([contrib, float(bad_loss)], dtype=torch.float64, device=self.device)
         start = time.perf_counter()
         dist.all_reduce(packed)  # every rank of the job: a barrier behind the slowest rank's backward
         barrier_s = time.perf_counter() - start
-        grad_norm, job_loss, n_bad = math.sqrt(max(0.0, float(packed[0]))), float(packed[1]), float(packed[2])
-        if n_bad or not math.isfinite(grad_norm):
-            local_bad = bad_loss or not math.isfinite(float(grad_sq))
-            first = torch.tensor([self.topo.rank if local_bad else dist.get_world_size()], device=self.device)
-            dist.all_reduce(first, op=dist.ReduceOp.MIN)
-            what, value = ("loss", local_loss) if n_bad else ("gradient norm", float(packed[0]))
-            raise NonFiniteError(what, step, min(int(first), dist.get_world_size() - 1), value)
-        return grad_norm, job_loss, barrier_s
+        if float(packed[1]):
+            self._raise_first_bad(step, "loss", local_loss, bad_loss)
+        pp_group = self.topo.group("pp") if lay.pp > 1 else None
+        norm = global_grad_norm(self.params, self.spread, self.topo.ep_group, pp_group)
+        if not math.isfinite(float(norm)):
+            grads = [p.grad for p in self.params if p.grad is not None]
+            local = [g.to_local() if isinstance(g, DTensor) else g for g in grads]
+            self._raise_first_bad(step, "gradient norm", float(norm), not all(bool(g.isfinite().all()) for g in local))
+        return norm, float(packed[0]), barrier_s
+
+    def _raise_first_bad(self, step: int, what: str, value: float, local_bad: bool) -> None:
+        first = torch.tensor([self.topo.rank if local_bad else dist.get_world_size()], device=self.device)
+        dist.all_reduce(first, op=dist.ReduceOp.MIN)
+        raise NonFiniteError(what, step, min(int(first), dist.get_world_size() - 1), value)
 
     def step(self, step: int, stats: bool = False) -> StepResult:
         """Run one optimizer step; phases in seconds. With `stats`, also take per-layer norms."""
@@ -228,16 +263,21 @@ class Trainer:
         comm.phase = "post"
         reduce_partial_gradients(self.params)
         lay = self.plan.layout
+        if self.fsdp and self.topo.expert_parallel:  # FSDP averaged over the expert's edp·cp replicas (apply_fsdp)
+            for p in self.dense_and_experts()[1]:
+                if p.grad is not None:
+                    p.grad.div_(lay.ep)
         if lay.zero == 0 and self.topo.replica_mesh is not None:
             dense, experts = self.dense_and_experts()
-            all_reduce_gradients(dense, self.topo.replica_mesh.get_group(), comm)
+            all_reduce_gradients(dense, self.topo.replica_mesh.get_group(), comm, dtype=self.reduce_dtype)
             if self.topo.expert_parallel:
-                all_reduce_gradients(experts, self.topo.expert_replica_group, comm, over=lay.dp * lay.cp)
+                over = lay.dp * lay.cp
+                all_reduce_gradients(experts, self.topo.expert_replica_group, comm, over, self.reduce_dtype)
         grads = gradient_norms(self.parts) if stats else {}
         routing = self._routing()
-        grad_norm, job_loss, barrier_s = self._reduce_metrics(step, losses)
+        norm, job_loss, barrier_s = self._reduce_metrics(step, losses)
         lr = learning_rate(self.plan, step)
-        clip_gradients(self.params, grad_norm, self.plan.training.grad_clip)
+        clip_gradients(self.params, norm, self.plan.training.grad_clip)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         self.optimizer.step()
@@ -246,7 +286,7 @@ class Trainer:
         end = time.perf_counter()
         phases = self._phases(data_wait, compute_end - start - data_wait, end - start, barrier_s)
         local = sum(losses) / len(losses) if losses else None
-        result = StepResult(step, local, job_loss, grad_norm, lr, phases, end - start, dict(activations), grads)
+        result = StepResult(step, local, job_loss, float(norm), lr, phases, end - start, dict(activations), grads)
         if stats:
             result.expert_load, result.dropped = routing
         return result
@@ -285,3 +325,9 @@ class Trainer:
         phases["optimizer"] = max(0.0, step_s - data_wait - compute_wall - comm.during("post") - barrier_s)
         phases["other"] = max(0.0, step_s - sum(phases.values()))
         return phases
+
+
+def _scalar(loss: torch.Tensor) -> float:
+    """A loss as a float; under loss parallel it is a replicated DTensor."""
+    loss = loss.detach()
+    return float(loss.full_tensor() if isinstance(loss, DTensor) else loss)

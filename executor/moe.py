@@ -12,7 +12,9 @@ the same way; the gates weight and sum them at their tokens. Gradients take the 
 
 Routing is defined per sequence — the balance loss's load and score shares and the capacity's count — so that it
 does not depend on how the batch is split into replicas and microbatches: the sharded run and one process training
-the same batch route identically and compute the same loss.
+the same batch route identically and compute the same loss. Under context parallelism the cp ranks sum their
+parts of each sequence's load and scores before the balance loss (a capacity, counted in token order along the
+whole sequence, is not offered with cp).
 """
 
 from __future__ import annotations
@@ -59,6 +61,27 @@ def _exchange(
     return out
 
 
+class _CpSum(torch.autograd.Function):
+    """Sum a tensor over the context-parallel group; the backward sums the gradients the same way (every cp rank
+    computes the same whole-sequence loss from the sum). Hand-written for the reason _AllToAll is: timed as cp."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, group: Any, comm: CommTimer) -> torch.Tensor:
+        ctx.trip = (group, comm)
+        return _sum_over(x.clone(), group, comm)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        group, comm = ctx.trip
+        return _sum_over(grad.clone(), group, comm), None, None
+
+
+def _sum_over(x: torch.Tensor, group: Any, comm: CommTimer) -> torch.Tensor:
+    with comm.span("cp"):
+        dist.all_reduce(x, group=group)
+    return x
+
+
 class _AuxLoss(torch.autograd.Function):
     """Pass `out` through unchanged and send `scale` back into `aux` in backward: the balance loss joins the
     gradient at the layer that computes it, whichever pipeline stage that is, without travelling to the loss
@@ -90,6 +113,9 @@ class MoE(nn.Module):
         self.shared = FeedForward(spec.hidden, width * spec.shared_experts, glu) if spec.shared_experts else None
         self.group: Any = None
         """The expert-parallel process group (None: every expert is here)."""
+        self.cp_group: Any = None
+        """The context-parallel group (None: whole sequences here): its ranks hold parts of the same sequences
+        and share their routing statistics, so the balance loss is the whole sequence's."""
         self.comm = CommTimer()
         self.aux_scale = 1.0
         """Gradient of the step's objective per unit of this microbatch's balance loss (1/microbatches unless
@@ -139,8 +165,14 @@ class MoE(nn.Module):
     def _balance_loss(self, scores: torch.Tensor, chosen: torch.Tensor, batch: int, seq: int) -> torch.Tensor:
         """α · Σ_e f_e · P_e per sequence, averaged: f_e = E/(k·T) · choices of e, P_e = mean normalised score."""
         load = F.one_hot(chosen, self.n_experts).sum(1).view(batch, seq, -1).sum(1).float()
+        normalised = (scores / scores.sum(-1, keepdim=True)).view(batch, seq, -1)
+        if self.cp_group is None:
+            prob = normalised.mean(1)
+        else:  # this rank holds seq of the sequence's cp·seq tokens: sum the parts, then average
+            _sum_over(load, self.cp_group, self.comm)
+            seq *= dist.get_world_size(self.cp_group)
+            prob = _CpSum.apply(normalised.sum(1), self.cp_group, self.comm) / seq
         share = load * self.n_experts / (self.top_k * seq)
-        prob = (scores / scores.sum(-1, keepdim=True)).view(batch, seq, -1).mean(1)
         return self.aux_coef * (share * prob).sum(-1).mean()
 
     def _experts(self, routed: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:

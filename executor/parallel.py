@@ -1,5 +1,6 @@
 """The plan's layout on real ranks: one DeviceMesh from the shared rank grid, tensor + sequence parallel with
-DTensor, data parallel (gradient all-reduce or FSDP2), context parallel attention, and the global gradient norm.
+DTensor, data parallel (gradient all-reduce or FSDP2) and context parallel attention. What happens to the
+gradients after the backward is executor.gradients.
 
 Data parallel by ZeRO stage:
 - 0: every rank keeps whole replicas; after the last microbatch one flat all-reduce averages the gradients
@@ -11,12 +12,12 @@ Data parallel by ZeRO stage:
 - 3: FSDP2 with `reshard_after_forward=True` — except with pipeline parallelism, where it stays False: the
   zero-bubble schedules give wrong gradients with resharding on (seen on torch 2.13), and every schedule would
   re-gather each stage's weights once per microbatch.
+Under mixed precision FSDP2's policy gathers bf16 parameters and reduces in the plan's reduce dtype; ZeRO 0
+autocasts to bf16 and all-reduces in the reduce dtype.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -24,8 +25,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.fsdp import fully_shard
-from torch.distributed.tensor import DTensor, Placement, Replicate, Shard
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     PrepareModuleInput,
@@ -38,6 +39,7 @@ from executor.commtime import CommTimer
 from executor.context_parallel import AllGatherAttention
 from executor.mlp import FeedForward
 from executor.model import GPT
+from executor.moe import MoE
 from plan.rank_grid import Coords, RankGrid
 from plan.schema import Plan
 
@@ -51,20 +53,15 @@ class LayoutError(ValueError):
 def check_supported(plan: Plan) -> None:
     """Reject what the executor does not implement, before any process group exists."""
     m, lay = plan.model, plan.layout
-    if m.is_moe and lay.cp > 1:
+    if m.is_moe and lay.cp > 1 and m.capacity_factor is not None:
         raise LayoutError(
-            "layout.cp: the executor routes MoE tokens per sequence and does not yet share a sequence's routing "
-            "statistics over cp ranks; set cp: 1 for an MoE model"
+            "model.capacity_factor: the executor counts an expert's capacity in token order along each sequence, "
+            "which cp splits over ranks; set capacity_factor: null (dropless) or cp: 1"
         )
     if m.is_moe and lay.tp > 1 and lay.sequence_parallel:
         raise LayoutError(
             "layout.sequence_parallel: the executor's MoE layers run on the whole sequence of each tp rank; set "
             "sequence_parallel: false for an MoE model under tp"
-        )
-    if lay.ep > 1 and lay.zero > 0:
-        raise LayoutError(
-            "layout.zero: the executor shards weights with FSDP over dp, which would mix different experts under "
-            "ep > 1; set zero: 0 with expert parallelism"
         )
     if lay.tp > m.n_kv_heads:
         raise LayoutError(
@@ -139,6 +136,15 @@ class Topology:
         rows = self.grid.groups("edp", "cp")
         return _own_group(rows, self.rank) if self.expert_parallel and rows.shape[1] > 1 else None
 
+    @cached_property
+    def expert_mesh(self) -> DeviceMesh:
+        """The edp·cp ranks that hold this rank's experts, as a mesh FSDP2 shards the experts over (ZeRO > 0 with
+        expert parallelism; one rank where each expert is held once)."""
+        dims = ("pp", "edp", "ep", "cp", "tp")
+        ranks = torch.tensor(np.ascontiguousarray(self.grid.mesh(dims)))
+        mesh = DeviceMesh(self.mesh.device_type, ranks, mesh_dim_names=dims)
+        return mesh["edp", "cp"]._flatten("edp_cp") if self.size("cp") > 1 else mesh["edp"]
+
     def expert_ids(self) -> range:
         """The routed experts this rank holds: its slice of the experts along ep."""
         per_rank = self.plan.model.experts // self.plan.layout.ep
@@ -168,14 +174,15 @@ def apply_tensor_parallel(model: GPT, tp_mesh: DeviceMesh, sequence_parallel: bo
 
     Q/K/V and the MLP's up projections split column-wise, the output projections row-wise, so each layer
     needs one all-reduce forward and one backward (or a reduce-scatter and all-gather pair with SP, whose norms
-    then run on a sequence shard). The embedding splits over the vocabulary; the head gathers its logits.
+    then run on a sequence shard). The embedding splits over the vocabulary, and so do the head's logits: the loss
+    reads them sharded under `loss_parallel()` (Trainer), never gathering a [tokens, vocab] tensor.
     """
     seq = Shard(1) if sequence_parallel else Replicate()
     top: dict[str, object] = {}
     if model.tok_embeddings is not None:
         top["tok_embeddings"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=seq)
     if model.output is not None:
-        top["output"] = ColwiseParallel(input_layouts=seq, output_layouts=Replicate())
+        top["output"] = ColwiseParallel(input_layouts=seq, output_layouts=Shard(-1), use_local_output=False)
         if sequence_parallel:
             top["norm"] = SequenceParallel()
     parallelize_module(model, tp_mesh, top)  # type: ignore[arg-type]
@@ -207,83 +214,24 @@ def apply_context_parallel(model: GPT, topo: Topology) -> None:
         block.attention.positions = attention.positions
 
 
-def apply_fsdp(model: GPT, mesh: DeviceMesh, reshard_after_forward: bool) -> None:
-    """FSDP2 per layer, then the rest (embedding, norm, head) as the root unit."""
+def apply_fsdp(
+    model: GPT, mesh: DeviceMesh, reshard_after_forward: bool, policy: MixedPrecisionPolicy, topo: Topology
+) -> None:
+    """FSDP2 per layer, then the rest (embedding, norm, head) as the root unit, all under one precision policy.
+
+    Under expert parallelism each MoE layer's routed experts are one unit of their own, sharded over the ranks
+    that hold the same experts (`Topology.expert_mesh`), as torchtitan shards them. Its reduce-scatter averages
+    over those edp·cp ranks; the Trainer divides by ep after it (an expert's gradient already sums the tokens of
+    its whole ep group; FSDP2's own divide factor needs PREMUL_SUM, which gloo lacks).
+    """
+    expert_mesh = topo.expert_mesh if topo.expert_parallel else None  # on every rank: building it is collective
     for block in model.blocks():
-        fully_shard(block, mesh=mesh, reshard_after_forward=reshard_after_forward)
-    fully_shard(model, mesh=mesh, reshard_after_forward=reshard_after_forward)
+        if expert_mesh is not None and isinstance(block.feed_forward, MoE):
+            experts = list(block.feed_forward.experts.values())
+            fully_shard(experts, mesh=expert_mesh, reshard_after_forward=reshard_after_forward, mp_policy=policy)
+        fully_shard(block, mesh=mesh, reshard_after_forward=reshard_after_forward, mp_policy=policy)
+    fully_shard(model, mesh=mesh, reshard_after_forward=reshard_after_forward, mp_policy=policy)
 
 
 def reshard_after_forward(plan: Plan) -> bool:
     return plan.layout.zero == 3 and plan.layout.pp == 1
-
-
-def reduce_partial_gradients(params: list[torch.nn.Parameter]) -> None:
-    """Turn gradients that DTensor left as partial sums into the placement of their parameter.
-
-    With sequence parallelism the norm weights are replicated but each tp rank sees only its sequence shard, so
-    their gradients come back as Partial(sum) DTensors; the gradient norm and the optimizer need the sum.
-    """
-    for p in params:
-        grad = p.grad
-        if isinstance(grad, DTensor) and isinstance(p, DTensor) and any(pl.is_partial() for pl in grad.placements):
-            p.grad = grad.redistribute(grad.device_mesh, p.placements)  # the step's CommTimer sees this as tp
-
-
-def all_reduce_gradients(
-    params: list[torch.nn.Parameter], group: dist.ProcessGroup | None, comm: CommTimer, over: int | None = None
-) -> None:
-    """Sum gradients over a replica group with one flat all-reduce and divide by `over` (default: the group's
-    size, an average — ZeRO 0). Expert weights pass their expert-replica group (or None, held once) and the dp·cp
-    size: each expert's gradient already sums the tokens of its whole expert-parallel group."""
-    grads = [p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad for p in params if p.grad is not None]
-    if not grads:
-        return
-    flat = torch.cat([g.reshape(-1) for g in grads])
-    if group is not None:
-        with comm.span("dp"):  # dp even where the replica group is the cp group
-            dist.all_reduce(flat, group=group)
-    flat /= over or dist.get_world_size(group)
-    offset = 0
-    for g in grads:
-        g.copy_(flat[offset : offset + g.numel()].view_as(g))
-        offset += g.numel()
-
-
-def local_grad_square_sum(
-    params: list[torch.nn.Parameter], holders: int, spread: Mapping[int, int] | None = None
-) -> torch.Tensor:
-    """This rank's share of the squared global gradient norm.
-
-    Every parameter of a stage is held by `holders` = dp·cp·tp ranks, as whole copies or as shards; a DTensor
-    sharded over mesh dims of total size n has holders/n copies of each shard, and an expert spread over ep ranks
-    (`spread`: id of the parameter -> ep) holders/ep copies. Dividing each local square sum by its copy count
-    makes the sum over all ranks the exact squared norm, whatever the sharding.
-    """
-    terms = []
-    spread = spread or {}
-    for p in params:
-        if p.grad is None:
-            continue
-        grad, shards = p.grad, spread.get(id(p), 1)
-        if isinstance(grad, DTensor):
-            shards = math.prod(grad.device_mesh.size(i) for i, pl in enumerate(grad.placements) if _is_shard(pl))
-            grad = grad.to_local()
-        norm = torch.linalg.vector_norm(grad.detach(), dtype=torch.float32).double()  # stays on the device
-        terms.append(norm.square() / (holders / shards))
-    return torch.stack(terms).sum() if terms else torch.zeros((), dtype=torch.float64)
-
-
-def _is_shard(placement: Placement) -> bool:
-    # FSDP2 over a TP-sharded dim uses _StridedShard, which is neither `is_shard()` nor a Shard subclass.
-    return placement.is_shard() or type(placement).__name__ == "_StridedShard"
-
-
-def clip_gradients(params: list[torch.nn.Parameter], norm: float, max_norm: float) -> None:
-    """Scale gradients so their global norm is at most `max_norm` (0 disables clipping)."""
-    if max_norm <= 0 or not math.isfinite(norm) or norm <= max_norm:
-        return
-    coef = max_norm / (norm + 1e-6)
-    for p in params:
-        if p.grad is not None:
-            p.grad.mul_(coef)

@@ -87,8 +87,7 @@ def test_an_expert_has_the_same_weights_on_whichever_rank_holds_it() -> None:
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        (["layout.cp=2", "layout.dp=2"], "layout.cp: the executor routes MoE tokens per sequence"),
-        (["layout.zero=1"], "layout.zero: the executor shards weights with FSDP over dp"),
+        (["layout.cp=2", "layout.dp=2", "model.capacity_factor=1.0"], "model.capacity_factor: the executor counts"),
         (["layout.tp=2", "layout.sequence_parallel=true", "layout.pp=1"], "layout.sequence_parallel"),
     ],
 )
