@@ -31,6 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--timeout-s", type=float, default=120.0)
+    p.add_argument("--mixed-precision", action="store_true", help="bf16 compute on CPU too (the precision check)")
     args = p.parse_args(argv)
     variants: dict[str, list[str]] = json.loads(args.variants.read_text())
     device = init_distributed("cpu", args.timeout_s)
@@ -48,6 +49,7 @@ def main(argv: list[str] | None = None) -> int:
                 "--stats-every",
                 "0",
                 "--no-progress",
+                *(["--mixed-precision"] if args.mixed_precision else []),
             ]
         )
         results = run_training(plan, run_args, device)

@@ -51,6 +51,12 @@ def fit_world(plan: Plan, world: int) -> Plan:
             f"training.global_batch={batch}; the global batch is kept fixed so that the data order and the loss "
             f"carry over, so run with a node count whose dp divides {batch}"
         )
+    if dp % lay.ep:
+        raise LayoutError(
+            f"elastic: the rendezvous gave {world} ranks, so dp = {world}/{model_ranks} = {dp}, which is not a "
+            f"multiple of layout.ep={lay.ep}: the experts of a layer split over ep ranks of dp; run with a node "
+            f"count whose dp is a multiple of {lay.ep}"
+        )
     share = batch // dp
     data = plan.model_dump()
     # A fault aimed at a rank the gang no longer has cannot strike.
@@ -61,11 +67,14 @@ def fit_world(plan: Plan, world: int) -> Plan:
         try:
             return Plan.model_validate(data)
         except ValidationError as exc:
-            first_error = first_error or f"with microbatch_size={microbatch}: {_one_line(exc)}"
+            first_error = first_error or f"with microbatch_size={microbatch}: {one_line(exc)}"
     raise LayoutError(f"elastic: the rendezvous gave {world} ranks, so dp={dp}, and {first_error}")
 
 
-def _one_line(exc: ValidationError) -> str:
+def one_line(exc: Exception) -> str:
+    """A pydantic ValidationError's first error as `field: message`; other errors as they are."""
+    if not isinstance(exc, ValidationError):
+        return str(exc)
     first = exc.errors(include_url=False)[0]
     where = ".".join(str(p) for p in first["loc"])
     return f"{where + ': ' if where else ''}{first['msg'].removeprefix('Value error, ')}"

@@ -274,7 +274,7 @@ class Trainer:
                 over = lay.dp * lay.cp
                 all_reduce_gradients(experts, self.topo.expert_replica_group, comm, over, self.reduce_dtype)
         grads = gradient_norms(self.parts) if stats else {}
-        routing = self._routing()
+        routing = self._routing(stats)
         norm, job_loss, barrier_s = self._reduce_metrics(step, losses)
         lr = learning_rate(self.plan, step)
         clip_gradients(self.params, norm, self.plan.training.grad_clip)
@@ -295,13 +295,14 @@ class Trainer:
         """This rank's parameters held like dense weights, and its routed experts spread over ep ranks."""
         return [p for p in self.params if id(p) not in self.spread], [p for p in self.params if id(p) in self.spread]
 
-    def _routing(self) -> tuple[dict[str, list[int]], dict[str, int]]:
-        """Each MoE layer's token choices per expert and dropped choices in this step (counters reset)."""
+    def _routing(self, stats: bool) -> tuple[dict[str, list[int]], dict[str, int]]:
+        """Each MoE layer's token choices per expert and dropped choices in this step, read from the device only
+        on a stats step; the counters restart every step."""
         load, dropped = {}, {}
         for part in self.parts:
             for name, module in part.named_modules():
                 if isinstance(module, MoE):
-                    load[name], dropped[name] = module.take_stats()
+                    load[name], dropped[name] = module.take_stats() if stats else module.reset_stats()
         return load, dropped
 
     def _phases(self, data_wait: float, compute_wall: float, step_s: float, barrier_s: float) -> dict[str, float]:

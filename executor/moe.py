@@ -120,9 +120,10 @@ class MoE(nn.Module):
         self.aux_scale = 1.0
         """Gradient of the step's objective per unit of this microbatch's balance loss (1/microbatches unless
         the pipeline schedule scales the gradients itself)."""
-        self.load = [0] * spec.experts  # a list: the module is built on the meta device, this counter is not
-        """Token choices per expert since the last `take_stats`, before any is dropped."""
-        self.dropped = 0
+        self.load: torch.Tensor | None = None
+        """Token choices per expert since the last `take_stats`, before any is dropped (on the device, so counting
+        costs no host sync; made at the first forward: the module is built on the meta device, this is not)."""
+        self.dropped: torch.Tensor | None = None
         """Token choices dropped over capacity since the last `take_stats`."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -134,9 +135,10 @@ class MoE(nn.Module):
         gates = top / top.sum(-1, keepdim=True)
         keep = self._within_capacity(chosen, batch, seq).reshape(-1)  # per choice, token-major then slot
         with torch.no_grad():
-            choices = torch.bincount(chosen.reshape(-1), minlength=self.n_experts).tolist()
-            self.load = [a + b for a, b in zip(self.load, choices, strict=True)]
-            self.dropped += int((~keep).sum())
+            choices = torch.bincount(chosen.reshape(-1), minlength=self.n_experts)
+            dropped = (~keep).sum()
+            self.load = choices if self.load is None else self.load + choices
+            self.dropped = dropped if self.dropped is None else self.dropped + dropped
         token = torch.arange(tokens.shape[0], device=x.device).repeat_interleave(self.top_k)[keep]
         expert, gate = chosen.reshape(-1)[keep], gates.reshape(-1)[keep]
         order = torch.argsort(expert, stable=True)  # choices by expert; a token's slots in slot order
@@ -201,6 +203,12 @@ class MoE(nn.Module):
 
     def take_stats(self) -> tuple[list[int], int]:
         """Token choices per expert and dropped choices since the last call; resets both."""
-        load, dropped = self.load, self.dropped
-        self.load, self.dropped = [0] * self.n_experts, 0
+        load = self.load.tolist() if self.load is not None else [0] * self.n_experts
+        dropped = int(self.dropped) if self.dropped is not None else 0
+        self.reset_stats()
         return load, dropped
+
+    def reset_stats(self) -> tuple[list[int], int]:
+        """Restart the counters without reading them (no host sync); returns empty stats."""
+        self.load = self.dropped = None
+        return [], 0

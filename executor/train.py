@@ -33,13 +33,15 @@ from executor.checkpoint import Checkpointer
 from executor.ckpt_store import CheckpointError
 from executor.contract import torch_version_warning, what_runs
 from executor.data import DataError, Sampler, open_corpus, save_cursor
-from executor.elastic import RestartTimer, fit_world, gang_facts
+from executor.elastic import RestartTimer, fit_world, gang_facts, one_line
 from executor.engine import StepResult, Trainer
 from executor.faults import FaultInjector, check_faults, replicas_disagree, with_injected
 from executor.health import Health
 from executor.parallel import LayoutError, Topology, check_supported
+from executor.profiling import StepProfiler
 from executor.progress import Progress
 from executor.sanity import NonFiniteError, SpikeDetector
+from executor.scalars import Scalars
 from executor.telemetry import (
     STRAGGLER_THRESHOLD,
     RecordWriter,
@@ -73,14 +75,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--stats-every", type=int, default=10, help="per-layer norms every k steps (0: never)")
     p.add_argument("--straggler-threshold", type=float, default=STRAGGLER_THRESHOLD)
     p.add_argument("--compile", action="store_true", help="torch.compile each layer")
+    mixed = "bf16 compute, gradients reduced in the plan's dtype (default: on GPUs unless the plan says fp32)"
+    p.add_argument("--mixed-precision", action=argparse.BooleanOptionalAction, default=None, help=mixed)
     p.add_argument("--no-progress", action="store_true", help="no live progress line")
     p.add_argument("--checkpoint-dir", type=Path, default=None, help="default: <out>/checkpoints")
     p.add_argument("--resume-from", type=Path, default=None, help="a checkpoint directory (default: the latest good)")
     p.add_argument("--inject", action="append", default=[], help="KIND@STEP[:RANK], a fault to inject (repeatable)")
     p.add_argument("--elastic", action="store_true", help="run on the world size started: dp = world / (tp·pp·cp)")
+    p.add_argument("--profile-step", type=int, default=None, help="trace step N (from 0) into <out>/profile/")
+    p.add_argument("--no-tensorboard", action="store_true", help="no scalars in <out>/tensorboard/ (when installed)")
     args = p.parse_args(argv)
     if args.steps < 1:
         p.error("--steps must be at least 1")
+    if args.profile_step is not None and not 0 <= args.profile_step < args.steps:
+        p.error(f"--profile-step {args.profile_step}: choose a step from 0 to {args.steps - 1} (--steps {args.steps})")
     return args
 
 
@@ -132,6 +140,7 @@ class RankReporter:
         self.cohorts = [int(c) for c in topo.grid.all_coords()["pp"]]
         self.spikes = {"loss": SpikeDetector(), "grad_norm": SpikeDetector()}
         self.progress = Progress(args.steps, enabled=topo.rank == 0 and not args.no_progress)
+        self.scalars = Scalars(out / "tensorboard", enabled=topo.rank == 0 and not args.no_tensorboard)
 
     def report(self, res: StepResult) -> tuple[int, ...]:
         """Write the step's records; rank 0 returns the stragglers it found."""
@@ -147,22 +156,22 @@ class RankReporter:
             self.progress.update(res.step, res.job_loss, extra["tokens_per_s"], extra["mfu"])
         loss = res.job_loss if self.topo.rank == 0 else res.loss  # rank 0 carries the job's mean loss
         tokens = self.plan.tokens_per_step // self.plan.layout.dp
-        self.writer.write(
-            StepRecord(
-                step=res.step,
-                rank=self.topo.rank,
-                coords=self.coords,
-                time_unix=time.time(),
-                step_s=res.step_s,
-                phases=res.phases,
-                tokens=tokens,
-                loss=loss,
-                grad_norm=res.grad_norm,
-                lr=res.lr,
-                peak_memory_MB=peak_memory_MB(self.device),
-                **extra,
-            )
+        record = StepRecord(
+            step=res.step,
+            rank=self.topo.rank,
+            coords=self.coords,
+            time_unix=time.time(),
+            step_s=res.step_s,
+            phases=res.phases,
+            tokens=tokens,
+            loss=loss,
+            grad_norm=res.grad_norm,
+            lr=res.lr,
+            peak_memory_MB=peak_memory_MB(self.device),
+            **extra,
         )
+        self.writer.write(record)
+        self.scalars.add(record)
         if res.param_grad_norm or res.activation_norm or res.expert_load:
             self.writer.write(
                 LayerStatsRecord(
@@ -210,7 +219,7 @@ def run_training(plan: Plan, args: argparse.Namespace, device: torch.device) -> 
             command_line(),
         )
         write_manifest(manifest, out)
-    trainer = Trainer(plan, topo, sampler, device, compile=args.compile)
+    trainer = Trainer(plan, topo, sampler, device, args.compile, args.mixed_precision)
     reporter = RankReporter(plan, topo, out, device, args)
     health = Health(out, topo.rank, plan.reliability.heartbeat_timeout_s, reporter.event, gang_facts(plan), token[0])
     if topo.rank == 0:
@@ -233,6 +242,7 @@ def run_training(plan: Plan, args: argparse.Namespace, device: torch.device) -> 
     finally:
         reporter.progress.close()
         reporter.writer.close()
+        reporter.scalars.close()
 
 
 def _peer_failure(exc: BaseException) -> bool:
@@ -269,6 +279,7 @@ class TrainLoop:
         self.gang = gang_facts(plan)
         run_dir = reporter.writer.path.parent
         self.restart = RestartTimer(run_dir, self.gang, reporter.event) if topo.rank == 0 else None
+        self.profiler = StepProfiler(args.profile_step, run_dir, topo, trainer.device)
 
     def resume(self) -> int:
         info = self.ckpt.resume(self.args.resume_from)
@@ -289,7 +300,8 @@ class TrainLoop:
             self.health.beat(step)
             self.faults.before_step(step, self.trainer)
             stats = self.args.stats_every > 0 and step % self.args.stats_every == 0
-            res = self.trainer.step(step, stats=stats)
+            with self.profiler.around(step):
+                res = self.trainer.step(step, stats=stats)
             self.faults.after_step(step, self.trainer)
             if self.sdc_every and (step + 1) % self.sdc_every == 0 and self._corrupt():
                 step = self.roll_back(step)
@@ -360,7 +372,7 @@ def main(argv: list[str] | None = None) -> int:
         if refusal := fp8_refusal(plan, device, capability):
             raise LayoutError(refusal)
     except (PlanError, LayoutError, ValueError) as exc:
-        print(f"error: {_one_line(exc)}", file=sys.stderr)
+        print(f"error: {one_line(exc)}", file=sys.stderr)
         return EXIT_BAD_INPUT
     if int(os.environ.get("RANK", "0")) == 0:  # what runs otherwise than the plan says, once per gang
         for line in what_runs(plan, device).mismatches:
@@ -379,16 +391,6 @@ def main(argv: list[str] | None = None) -> int:
         code = EXIT_BAD_INPUT
     dist.destroy_process_group()
     return code
-
-
-def _one_line(exc: Exception) -> str:
-    """A pydantic ValidationError's first error as `field: message`; other errors as they are."""
-    errors = getattr(exc, "errors", None)
-    if callable(errors):
-        first = errors(include_url=False)[0]
-        loc = ".".join(str(p) for p in first["loc"])
-        return f"{loc}: {first['msg'].removeprefix('Value error, ')}"
-    return str(exc)
 
 
 if __name__ == "__main__":

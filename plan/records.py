@@ -222,6 +222,28 @@ class RunManifest(Section):
     """The command line that started the run."""
 
 
+class ProfiledRank(Section):
+    """One rank's trace of the profiled step."""
+
+    rank: NonNegativeInt
+    """Global rank."""
+    coords: RankCoords
+    """Grid coordinates of the rank."""
+    trace: str
+    """File name of its Chrome / Perfetto trace, beside the index."""
+
+
+class ProfileIndex(Section):
+    """`<run>/profile/ranks.json`: the step `--profile-step` recorded and where each traced rank sits in the grid,
+    so that a reader picks ranks by coordinates without the executor."""
+
+    schema_version: Literal[1] = RECORD_SCHEMA_VERSION
+    step: NonNegativeInt
+    """The step profiled, from 0, as the step records number it."""
+    device: Literal["cpu", "cuda"]
+    ranks: tuple[ProfiledRank, ...]
+
+
 def parse_record(line: str, where: str = "record") -> StepRecord | EventRecord | LayerStatsRecord:
     """Parse one JSONL line; a malformed one raises RecordError naming `where`."""
     try:

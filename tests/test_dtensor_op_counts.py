@@ -15,14 +15,15 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor
+from torch.distributed.tensor.parallel import loss_parallel
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from executor.model import build_stage_model
+from executor.model import build_stage_model, cross_entropy
 from executor.parallel import apply_tensor_parallel
 from plan import loader
 from twin.cli.launch import free_port
-from twin.step.compute import DTENSOR_OPS_BACKWARD, DTENSOR_OPS_FORWARD
+from twin.step.compute import DTENSOR_OPS_BACKWARD, DTENSOR_OPS_FORWARD, LOSS_PARALLEL_DTENSOR_OPS
 from twin.step.costs import ADAM_DTENSOR_OPS
 
 
@@ -50,9 +51,12 @@ def _worker(rank: int, port: int) -> None:
         counts.clear()
         with _CountDTensorOps(counts) as mode:
             mode.phase = "forward"
-            loss = model(x).float().mean()
-            mode.phase = "backward"
-            loss.backward()
+            logits = model(x)
+            mode.phase = "loss forward"
+            with loss_parallel():  # as the executor's Trainer computes the loss under tp
+                loss = cross_entropy(logits, x)
+                mode.phase = "backward"
+                loss.backward()
             mode.phase = "optimizer"
             optimizer.step()
             optimizer.zero_grad()
@@ -60,7 +64,9 @@ def _worker(rank: int, port: int) -> None:
     sharded = linears + 1  # and the vocab-parallel embedding
     # the embedding's lookup forward and its gradient backward are one op each on top of the linears'
     assert counts["forward"] == linears * DTENSOR_OPS_FORWARD + 1
-    assert counts["backward"] == linears * DTENSOR_OPS_BACKWARD + 1 + 1  # and the embedding weight's detach
+    assert counts["loss forward"] == LOSS_PARALLEL_DTENSOR_OPS[0]
+    # the embedding weight's detach, and the loss's own backward
+    assert counts["backward"] == linears * DTENSOR_OPS_BACKWARD + 1 + 1 + LOSS_PARALLEL_DTENSOR_OPS[1]
     assert counts["optimizer"] == sharded * ADAM_DTENSOR_OPS
     dist.destroy_process_group()
 

@@ -44,6 +44,13 @@ def test_fit_world_impossible_sizes_are_one_line(world: int, message: str) -> No
     assert "\n" not in str(err.value)
 
 
+def test_fit_world_keeps_dp_a_multiple_of_ep() -> None:
+    moe = loader.load("cpu-tiny-moe")  # dp4 (ep2) x pp2
+    assert (fit_world(moe, 4).layout.dp, fit_world(moe, 4).layout.ep) == (2, 2)
+    with pytest.raises(LayoutError, match=r"so dp = 2/2 = 1, which is not a multiple of layout.ep=2"):
+        fit_world(moe, 2)
+
+
 def test_fit_world_shrinks_the_microbatch_for_the_schedule_or_says_why() -> None:
     # zbv needs 2·pp = 4 microbatches per replica: over dp=4, microbatches of 1 (not the plan's 2) give them.
     plan = loader.load("cpu-tiny", ["layout.schedule=zbv", "layout.virtual_stages=2"])

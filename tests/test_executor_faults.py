@@ -84,11 +84,13 @@ def assert_same_state(a: dict[str, Any], b: dict[str, Any]) -> None:
 
 @pytest.mark.slow  # four launches of the MoE preset, about 40 s on 2 cores
 @pytest.mark.timeout(400)
-def test_moe_kill_and_resume_is_bit_identical_and_reshards_over_ep(tmp_path: Path) -> None:
-    """DP2 with the experts over EP2, a rank killed at step 3: the same losses, gradient norms, weights and optimizer
-    state as a run never interrupted; and one rank (ep 1, every expert) resumes its step-2 checkpoint and goes on
-    with the same losses (each expert found by its global name)."""
-    ep2 = ["layout.tp=1", "layout.pp=1", "layout.dp=2", "layout.ep=2", "reliability.checkpoint=sync"]
+@pytest.mark.parametrize("zero", [0, 1], ids=["replicated", "fsdp"])
+def test_moe_kill_and_resume_is_bit_identical_and_reshards_over_ep(tmp_path: Path, zero: int) -> None:
+    """DP2 with the experts over EP2 (whole, or FSDP2-sharded apart from the dense weights), a rank killed at step
+    3: the same losses, gradient norms, weights and optimizer state as a run never interrupted; and one rank (ep 1,
+    every expert) resumes its step-2 checkpoint and goes on with the same losses (each expert found by its name)."""
+    ep2 = ["layout.tp=1", "layout.pp=1", "layout.dp=2", "layout.ep=2", f"layout.zero={zero}"]
+    ep2 += ["reliability.checkpoint=sync"]
     ep2 += ["reliability.checkpoint_every_steps=2", "reliability.keep_checkpoints=2"]
     clean = launch(tmp_path, "clean", ep2, steps=4, preset="cpu-tiny-moe")
     killed = launch(tmp_path, "killed", ep2, steps=4, inject=("crash@3:1",), preset="cpu-tiny-moe")

@@ -47,6 +47,10 @@ def test_dropless_routes_every_choice_and_a_capacity_drops_the_excess() -> None:
     load, dropped = moe.take_stats()
     assert sum(load) == x.shape[0] * x.shape[1] * moe.top_k and dropped == 0
     assert moe.take_stats() == ([0] * moe.n_experts, 0)  # taking the stats resets them
+    moe(x)
+    assert isinstance(moe.load, torch.Tensor)  # counted on the device: no host sync per layer and microbatch
+    moe.reset_stats()
+    assert moe.take_stats() == ([0] * moe.n_experts, 0)
     tight, _ = _moe("model.capacity_factor=0.5")
     tight(x)
     load, dropped = tight.take_stats()

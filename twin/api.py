@@ -311,30 +311,29 @@ def execute(
     capture: bool = True,
     timeout_s: float = DEFAULT_EXECUTE_TIMEOUT_S,
     stats_every: int = 10,
+    profile_step: int | None = None,
 ) -> Launch:
     """Run `plan`'s layout for real under torchrun (gloo on CPU, NCCL on GPUs) and wait for it; the records and
     manifest land in `out` (default runs/<plan>-<time>). A plan given as a Plan or mapping is written to
     `out/plan.yaml` first, since the ranks load it themselves. With `capture` the gang's output is collected; every
-    `stats_every` steps the ranks also record per-layer norms and MoE expert loads (0: never)."""
+    `stats_every` steps the ranks also record per-layer norms and MoE expert loads (0: never); step `profile_step`
+    (from 0) is traced on every rank into `out/profile/` (see `twin trace`)."""
     loaded = load_plan(plan, overrides)
     parse_nnodes(nnodes)  # a malformed --nnodes is refused before --out is created
+    if profile_step is not None and not 0 <= profile_step < steps:
+        raise PlanError(f"--profile-step {profile_step}: choose a step from 0 to {steps - 1} (--steps {steps})")
     run_dir = output_dir(out or Path("runs") / f"{loaded.name}-{time.strftime('%Y%m%d-%H%M%S')}", "--out")
     if isinstance(plan, str | Path):
         source, passed = str(plan), list(overrides)
     else:
-        source, passed = str(_write_plan(loaded, run_dir)), []
+        source, passed = str(run_dir / "plan.yaml"), []
+        Path(source).write_text(yaml.safe_dump(json.loads(loaded.model_dump_json()), sort_keys=False))
     return launch(
         source, loaded, overrides=passed, steps=steps, device=device, out=run_dir, nnodes=nnodes,
         node_rank=node_rank, master_addr=master_addr, master_port=master_port, inject=list(inject),
         max_restarts=max_restarts, rdzv_conf=rdzv_conf, capture=capture, timeout_s=timeout_s, stats_every=stats_every,
+        profile_step=profile_step,
     )  # fmt: skip
-
-
-def _write_plan(plan: Plan, run_dir: Path) -> Path:
-    run_dir.mkdir(parents=True, exist_ok=True)
-    path = run_dir / "plan.yaml"
-    path.write_text(yaml.safe_dump(json.loads(plan.model_dump_json()), sort_keys=False))
-    return path
 
 
 def measure(run_dirs: Path | Sequence[Path]) -> Measurement:

@@ -11,6 +11,7 @@ from twin.cli.plan_cmds import presets, schema, show, validate
 from twin.cli.predict_cmd import predict
 from twin.cli.run_cmd import run_command
 from twin.cli.search_cmd import search_command
+from twin.cli.trace_cmd import trace
 
 app = typer.Typer(
     name="twin",
@@ -23,6 +24,7 @@ app = typer.Typer(
 app.command()(user_errors(validate))
 app.command()(user_errors(show))
 app.command()(user_errors(predict))
+app.command()(user_errors(trace))
 app.command("run")(user_errors(run_command))
 app.command("search")(user_errors(search_command))
 app.command()(schema)

@@ -45,13 +45,17 @@ def execute(
     stats_every: Annotated[
         int, typer.Option(min=0, help="Record per-layer norms and MoE expert loads every k steps (0: never).")
     ] = 10,
+    profile_step: Annotated[
+        int | None,
+        typer.Option(min=0, help="Trace step N (from 0) on every rank with torch.profiler into <out>/profile/."),
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Run the plan's parallel layout for real with torchrun and the executor; records go to the run directory."""
     run = api.execute(
         plan, overrides or [], steps=steps, device=device, out=out, nnodes=nnodes, node_rank=node_rank,
         master_addr=master_addr, master_port=master_port, inject=inject or [], max_restarts=max_restarts,
-        rdzv_conf=rdzv_conf, capture=as_json, timeout_s=timeout_s, stats_every=stats_every,
+        rdzv_conf=rdzv_conf, capture=as_json, timeout_s=timeout_s, stats_every=stats_every, profile_step=profile_step,
     )  # fmt: skip
     if as_json:
         emit_json(run.to_json())

@@ -66,6 +66,7 @@ def torchrun_command(
     max_restarts: int = 0,
     rdzv_conf: str | None = None,
     stats_every: int = 10,
+    profile_step: int | None = None,
 ) -> list[str]:
     """The torchrun command line that runs `plan` on `nnodes` (N or MIN:MAX) nodes of world_size / MAX ranks each.
 
@@ -93,6 +94,7 @@ def torchrun_command(
     for fault in inject or []:
         cmd += ["--inject", fault]
     cmd += ["--steps", str(steps), "--device", device, "--out", str(out), "--stats-every", str(stats_every)]
+    cmd += ["--profile-step", str(profile_step)] if profile_step is not None else []
     return [*cmd, *(["--elastic"] if elastic else [])]
 
 
@@ -273,6 +275,7 @@ def launch(
     capture: bool = False,
     timeout_s: float = DEFAULT_TIMEOUT_S,
     stats_every: int = 10,
+    profile_step: int | None = None,
 ) -> Launch:
     """Run `plan` under torchrun until it ends (or `timeout_s` passes, which kills the gang) and summarise it.
 
@@ -290,7 +293,7 @@ def launch(
     cmd = torchrun_command(
         plan_source, plan, overrides=overrides, steps=steps, device=device, out=out, nnodes=nnodes,
         node_rank=node_rank, master_addr=master_addr, master_port=master_port, inject=inject,
-        max_restarts=restarts, rdzv_conf=rdzv_conf, stats_every=stats_every,
+        max_restarts=restarts, rdzv_conf=rdzv_conf, stats_every=stats_every, profile_step=profile_step,
     )  # fmt: skip
     launched = time.time()
     code, stderr = run_gang(cmd, child_env(most, master_addr), capture, timeout_s)

@@ -36,6 +36,10 @@ DTENSOR_OPS_BACKWARD = 9
 """The same linear's DTensor ops in backward, its input- and weight-gradient GEMMs together: 4 t, 2 view, 2 mm and
 a detach (263 for the 29 linears, the embedding's one included), split evenly between the two GEMMs."""
 
+LOSS_PARALLEL_DTENSOR_OPS = (4, 5)
+"""DTensor ops of the loss on vocab-sharded logits under tp (the executor's `loss_parallel()`), forward and
+backward: the flatten, the cast and the sharded cross-entropy's pieces. Counted as the linears' are, above."""
+
 ACT_BYTES = 2
 """Activations and element-wise work stay in 16 bits under fp8 training (fp8 applies to GEMM inputs; Micikevicius
 et al. 2022, "FP8 Formats for Deep Learning"; DeepSeek-V3 report §3.3)."""

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from plan.schema import ModelSpec
 from plan.stack import Kernel, Stack
-from twin.step.compute import ACT_BYTES, DTENSOR_OPS_BACKWARD, DTENSOR_OPS_FORWARD, Device
+from twin.step.compute import ACT_BYTES, DTENSOR_OPS_BACKWARD, DTENSOR_OPS_FORWARD, LOSS_PARALLEL_DTENSOR_OPS, Device
 
 Gemm = tuple[float, float, float, float]
 """(m, n, k, batch): a batch of m x k by k x n products."""
@@ -220,8 +220,9 @@ def _core_flops(m: ModelSpec, shape: Shape, stack: Stack) -> float:
 def head_cost(m: ModelSpec, shape: Shape, device: Device, stack: Stack) -> PassCost:
     """The output head and loss on the last stage: a vocab-parallel GEMM and the stack's loss kernels."""
     tokens, h, v = float(shape.tokens), float(m.hidden), m.vocab / shape.tp
-    fwd = device.linear_s(tokens, v, h, DTENSOR_OPS_FORWARD)
-    dgrad = device.linear_s(tokens, h, v, DTENSOR_OPS_BACKWARD / 2)
+    loss_ops = LOSS_PARALLEL_DTENSOR_OPS  # priced at the sharded per-op cost, zero where nothing is a DTensor
+    fwd = device.linear_s(tokens, v, h, DTENSOR_OPS_FORWARD + loss_ops[0])
+    dgrad = device.linear_s(tokens, h, v, DTENSOR_OPS_BACKWARD / 2 + loss_ops[1])
     wgrad = device.linear_s(h, v, tokens, DTENSOR_OPS_BACKWARD / 2)
     sizes = tensor_sizes(m, shape, moe=False)
     loss_fwd = loss_bwd = 0.0

@@ -20,9 +20,7 @@ def chrome_trace(pred: StepPrediction) -> dict[str, Any]:
         {"name": "process_name", "ph": "M", "pid": 0, "args": {"name": f"{pred.plan} on {pred.cluster}"}}
     ]
     for rank in sorted({s["rank"] for s in pred.timeline}):
-        for i, lane in enumerate(LANES):
-            name = f"pp rank {rank}" + (" comm" if lane == "comm" else "")
-            events.append({"name": "thread_name", "ph": "M", "pid": 0, "tid": 2 * rank + i, "args": {"name": name}})
+        events.extend(lane_names(0, rank))
     for s in pred.timeline:
         action = s["kind"] in ("F", "B", "W")
         events.append(
@@ -38,6 +36,15 @@ def chrome_trace(pred: StepPrediction) -> dict[str, Any]:
             }
         )
     return {"traceEvents": events, "displayTimeUnit": "ms"}
+
+
+def lane_names(pid: int, rank: int) -> list[dict[str, Any]]:
+    """Metadata naming pipeline rank `rank`'s two tracks in process `pid`: `pp rank R` and `pp rank R comm`."""
+    names = [f"pp rank {rank}" + (" comm" if lane == "comm" else "") for lane in LANES]
+    return [
+        {"name": "thread_name", "ph": "M", "pid": pid, "tid": 2 * rank + i, "args": {"name": name}}
+        for i, name in enumerate(names)
+    ]
 
 
 def write_trace(pred: StepPrediction, path: Path) -> None:
