@@ -45,9 +45,12 @@ def torch_version_warning(version: str) -> str | None:
     )
 
 
-def matmul_dtype(device: str) -> str:
-    """fp32 on CPU (no autocast: the sharded-against-reference tests compare in fp32); bf16 autocast on GPU."""
-    return "bf16" if device == "cuda" else "fp32"
+def mixed_precision(plan: Plan, device: str, asked: bool | None = None) -> bool:
+    """Whether the executor computes in bf16 and reduces gradients in the plan's dtype (executor/engine.py): on
+    GPUs unless the plan says fp32; on CPU, where the sharded-against-reference tests compare in fp32, only when
+    `asked` (`--mixed-precision`)."""
+    wanted = device == "cuda" if asked is None else asked
+    return wanted and plan.training.dtype != "fp32"
 
 
 def optimizer_kernels(plan: Plan, device: str) -> dict[str, bool]:
@@ -71,15 +74,17 @@ def optimizer_name(plan: Plan, device: str) -> str:
     return f"torch.optim.{name}({flag})"
 
 
-def what_runs(plan: Plan, device: str) -> Ran:
-    """The executor's `ran` section for `plan` on `device`, with the mismatches it warns about."""
+def what_runs(plan: Plan, device: str, mixed: bool | None = None) -> Ran:
+    """The executor's `ran` section for `plan` on `device` (`mixed`: `--mixed-precision`, unset for the device's
+    default), with the mismatches it warns about."""
     lay, rel = plan.layout, plan.reliability
     interval = None if rel.checkpoint_interval_min == "auto" else float(rel.checkpoint_interval_min)
     writes = bool(rel.checkpoint_every_steps or interval)
+    bf16 = mixed_precision(plan, device, mixed)
     ran = Ran(
-        dtype=matmul_dtype(device),
+        dtype="bf16" if bf16 else "fp32",
         fused_projections=False,
-        grad_reduce_dtype="fp32",
+        grad_reduce_dtype=plan.training.reduce_dtype if bf16 else "fp32",
         cp_algorithm="all-gather",
         schedule=SCHEDULE_CLASSES[lay.schedule] if lay.pp > 1 else "none",
         optimizer=optimizer_name(plan, device),
@@ -95,7 +100,7 @@ def mismatches(plan: Plan, ran: Ran) -> list[str]:
     lay, tr, rel = plan.layout, plan.training, plan.reliability
     out = []
     if tr.dtype != ran.dtype:
-        why = "no autocast on CPU" if ran.dtype == "fp32" else "the executor autocasts matmuls to bf16"
+        why = "fp32 on CPU unless --mixed-precision" if ran.dtype == "fp32" else "the executor computes in bf16"
         out.append(f"training.dtype: {tr.dtype} runs as {ran.dtype} ({why})")
     if lay.fused_projections:
         out.append(
@@ -104,8 +109,8 @@ def mismatches(plan: Plan, ran: Ran) -> list[str]:
         )
     if lay.dp * lay.cp > 1 and tr.reduce_dtype != ran.grad_reduce_dtype:
         out.append(
-            f"training.grad_reduce_dtype: {tr.reduce_dtype} runs as {ran.grad_reduce_dtype} (parameters and their "
-            "gradients are fp32; no mixed-precision reduce policy)"
+            f"training.grad_reduce_dtype: {tr.reduce_dtype} runs as {ran.grad_reduce_dtype} (without mixed precision "
+            "parameters and their gradients stay fp32)"
         )
     if lay.cp > 1 and lay.cp_algorithm != ran.cp_algorithm:
         out.append(f"layout.cp_algorithm: {lay.cp_algorithm} runs as {ran.cp_algorithm} (the executor's CP attention)")

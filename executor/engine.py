@@ -26,7 +26,7 @@ from torch.distributed.tensor.parallel import loss_parallel
 
 from executor.commtime import AXES, ping_link
 from executor.context_parallel import shard_sequence
-from executor.contract import optimizer_kernels
+from executor.contract import mixed_precision, optimizer_kernels
 from executor.data import Sampler
 from executor.gradients import all_reduce_gradients, clip_gradients, global_grad_norm, reduce_partial_gradients
 from executor.layer_stats import activation_probe, gradient_norms
@@ -85,16 +85,13 @@ class Trainer:
         sampler: Sampler,
         device: torch.device,
         compile: bool = False,
-        mixed_precision: bool | None = None,
+        asked_mixed: bool | None = None,
     ):
         self.plan, self.topo, self.sampler, self.device = plan, topo, sampler, device
         lay = plan.layout
-        # bf16 compute on GPUs unless the plan says fp32; fp32 on CPU, where the reference tests compare, unless
-        # asked (the mixed-precision check compares the two there)
-        mixed = device.type == "cuda" if mixed_precision is None else mixed_precision
-        self.mixed = mixed and plan.training.dtype != "fp32"
+        self.mixed = mixed_precision(plan, device.type, asked_mixed)
         self.reduce_dtype = REDUCE_DTYPES[plan.training.reduce_dtype] if self.mixed else torch.float32
-        self.fsdp = lay.zero > 0 and topo.replica_mesh is not None
+        self.fsdp_mesh = topo.replica_mesh if lay.zero > 0 else None  # what FSDP2 shards the weights over
         self.stage_ids = stages_of_rank(plan, topo.coords.pp) if lay.pp > 1 else [0]
         self.parts = [self._build_part(s, compile) for s in self.stage_ids]
         self.params = list({id(p): p for m in self.parts for p in m.parameters()}.values())
@@ -124,8 +121,8 @@ class Trainer:
         if compile:
             for block in model.blocks():
                 block.compile()
-        if self.fsdp and topo.replica_mesh is not None:
-            apply_fsdp(model, topo.replica_mesh, reshard_after_forward(plan), self._policy(), topo)
+        if self.fsdp_mesh is not None:
+            apply_fsdp(model, self.fsdp_mesh, reshard_after_forward(plan), self._policy(), topo)
         return model
 
     def _policy(self) -> MixedPrecisionPolicy:
@@ -174,7 +171,7 @@ class Trainer:
         the pipeline schedule's backward runs inside it too), and the loss on vocab-sharded logits under tp
         (loss parallel, forward and backward)."""
         with contextlib.ExitStack() as stack:
-            if autocast and self.mixed and not self.fsdp:
+            if autocast and self.mixed and self.fsdp_mesh is None:
                 stack.enter_context(torch.autocast(self.device.type, dtype=torch.bfloat16))
             if self.plan.layout.tp > 1:
                 stack.enter_context(loss_parallel())
@@ -232,7 +229,7 @@ class Trainer:
         if float(packed[1]):
             self._raise_first_bad(step, "loss", local_loss, bad_loss)
         pp_group = self.topo.group("pp") if lay.pp > 1 else None
-        norm = global_grad_norm(self.params, self.spread, self.topo.ep_group, pp_group)
+        norm = global_grad_norm(self.params, self.spread, self.topo.ep_group, pp_group, self.device)
         if not math.isfinite(float(norm)):
             grads = [p.grad for p in self.params if p.grad is not None]
             local = [g.to_local() if isinstance(g, DTensor) else g for g in grads]
@@ -263,12 +260,14 @@ class Trainer:
         comm.phase = "post"
         reduce_partial_gradients(self.params)
         lay = self.plan.layout
-        if self.fsdp and self.topo.expert_parallel:  # FSDP averaged over the expert's edp·cp replicas (apply_fsdp)
-            for p in self.dense_and_experts()[1]:
+        dense, experts = self.dense_and_experts()
+        if (
+            self.fsdp_mesh is not None and self.topo.expert_parallel
+        ):  # FSDP averaged over the expert's edp·cp replicas (apply_fsdp)
+            for p in experts:
                 if p.grad is not None:
                     p.grad.div_(lay.ep)
         if lay.zero == 0 and self.topo.replica_mesh is not None:
-            dense, experts = self.dense_and_experts()
             all_reduce_gradients(dense, self.topo.replica_mesh.get_group(), comm, dtype=self.reduce_dtype)
             if self.topo.expert_parallel:
                 over = lay.dp * lay.cp
@@ -301,8 +300,10 @@ class Trainer:
         load, dropped = {}, {}
         for part in self.parts:
             for name, module in part.named_modules():
-                if isinstance(module, MoE):
-                    load[name], dropped[name] = module.take_stats() if stats else module.reset_stats()
+                if isinstance(module, MoE) and stats:
+                    load[name], dropped[name] = module.take_stats()
+                elif isinstance(module, MoE):
+                    module.reset_stats()
         return load, dropped
 
     def _phases(self, data_wait: float, compute_wall: float, step_s: float, barrier_s: float) -> dict[str, float]:

@@ -61,17 +61,18 @@ def global_grad_norm(
     experts: set[int],
     ep_group: dist.ProcessGroup | None,
     pp_group: dist.ProcessGroup | None,
+    device: torch.device,
 ) -> torch.Tensor:
-    """The 2-norm of the whole model's gradient, the same on every rank (fp32, on the device).
+    """The 2-norm of the whole model's gradient, the same on every rank (float64, on `device`).
 
     `experts` holds the ids of this rank's routed-expert parameters, spread over `ep_group`; `pp_group` links the
     ranks that hold the other pipeline stages (None: one stage, or one rank).
     """
     dense = [p.grad for p in params if p.grad is not None and id(p) not in experts]
     spread = [p.grad for p in params if p.grad is not None and id(p) in experts]
-    square = _square_norm(dense)
+    square = _square_norm(dense, device)
     if spread:
-        part = _square_norm(spread)
+        part = _square_norm(spread, device)
         if ep_group is not None:
             dist.all_reduce(part, group=ep_group)
         square = square + part
@@ -88,14 +89,14 @@ def _by_mesh(tensors: Iterable[torch.Tensor]) -> list[list[torch.Tensor]]:
     return list(groups.values())
 
 
-def _square_norm(grads: Iterable[torch.Tensor]) -> torch.Tensor:
+def _square_norm(grads: Iterable[torch.Tensor], device: torch.device) -> torch.Tensor:
     """Squared norm of `grads`, whole over each device mesh they are sharded on (float64 to sum across groups)."""
-    square = torch.zeros((), dtype=torch.float64)
+    square = torch.zeros((), dtype=torch.float64, device=device)
     for group in _by_mesh(grads):
         norm = get_total_norm(group, 2.0, error_if_nonfinite=False, foreach=True)
         if isinstance(norm, DTensor):
             norm = norm.full_tensor()  # the partial norms of the shards, summed over the mesh
-        square = square.to(norm.device) + norm.double().square()
+        square += norm.double().square()
     return square
 
 

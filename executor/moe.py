@@ -208,7 +208,6 @@ class MoE(nn.Module):
         self.reset_stats()
         return load, dropped
 
-    def reset_stats(self) -> tuple[list[int], int]:
-        """Restart the counters without reading them (no host sync); returns empty stats."""
+    def reset_stats(self) -> None:
+        """Restart the counters without reading them (no host sync)."""
         self.load = self.dropped = None
-        return [], 0

@@ -107,7 +107,14 @@ def git_state() -> tuple[str | None, bool]:
 
 
 def build_manifest(
-    run_id: str, plan: Plan, device: str, world: int, hosts: list[str], data: DataVersion, command: list[str]
+    run_id: str,
+    plan: Plan,
+    device: str,
+    world: int,
+    hosts: list[str],
+    data: DataVersion,
+    command: list[str],
+    mixed: bool | None = None,
 ) -> RunManifest:
     commit, dirty = git_state()
     canonical = plan.model_dump_json().encode()
@@ -115,7 +122,7 @@ def build_manifest(
         run_id=run_id,
         created_unix=time.time(),
         plan=plan,
-        ran=what_runs(plan, device),
+        ran=what_runs(plan, device, mixed),
         plan_sha256=hashlib.sha256(canonical).hexdigest(),
         git_commit=commit,
         git_dirty=dirty,

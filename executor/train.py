@@ -57,7 +57,7 @@ from executor.telemetry import (
 from plan import loader
 from plan.device import fp8_refusal
 from plan.loader import PlanError
-from plan.records import EventRecord, LayerStatsRecord, RankCoords, StepRecord
+from plan.records import EventRecord, LayerStatsRecord, RankCoords, StepRecord, profile_step_refusal
 from plan.schema import Plan
 
 EXIT_BAD_INPUT, EXIT_NON_FINITE = 2, 3
@@ -87,8 +87,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.steps < 1:
         p.error("--steps must be at least 1")
-    if args.profile_step is not None and not 0 <= args.profile_step < args.steps:
-        p.error(f"--profile-step {args.profile_step}: choose a step from 0 to {args.steps - 1} (--steps {args.steps})")
+    if refusal := profile_step_refusal(args.profile_step, args.steps):
+        p.error(refusal)
     return args
 
 
@@ -209,15 +209,8 @@ def run_training(plan: Plan, args: argparse.Namespace, device: torch.device) -> 
     token = [f"{hostname()}-{os.getpid()}-{time.time_ns()}"]  # rank 0's: names this gang
     dist.broadcast_object_list(token, src=0)
     if topo.rank == 0:
-        manifest = build_manifest(
-            out.name,
-            plan,
-            device.type,
-            dist.get_world_size(),
-            [str(h) for h in hosts],
-            sampler.corpus.version(),
-            command_line(),
-        )
+        facts = (dist.get_world_size(), [str(h) for h in hosts], sampler.corpus.version(), command_line())
+        manifest = build_manifest(out.name, plan, device.type, *facts, args.mixed_precision)
         write_manifest(manifest, out)
     trainer = Trainer(plan, topo, sampler, device, args.compile, args.mixed_precision)
     reporter = RankReporter(plan, topo, out, device, args)
@@ -375,7 +368,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {one_line(exc)}", file=sys.stderr)
         return EXIT_BAD_INPUT
     if int(os.environ.get("RANK", "0")) == 0:  # what runs otherwise than the plan says, once per gang
-        for line in what_runs(plan, device).mismatches:
+        for line in what_runs(plan, device, args.mixed_precision).mismatches:
             print(f"warning: {line}", file=sys.stderr)
         if version := torch_version_warning(torch.__version__):
             print(f"warning: {version}", file=sys.stderr)

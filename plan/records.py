@@ -168,11 +168,11 @@ class Ran(Section):
     user wrote it; the twin prices a run by the plan with these applied (`plan_as_ran`)."""
 
     dtype: Literal["fp32", "bf16", "fp8"]
-    """Dtype the matmuls ran in: fp32 on CPU (no autocast), bf16 autocast on GPU."""
+    """Dtype the matmuls ran in: bf16 under mixed precision (on GPUs by default), else fp32."""
     fused_projections: bool
     """Whether Q/K/V (and gate/up) ran as one GEMM; the executor's layers keep them apart."""
-    grad_reduce_dtype: Literal["bf16", "fp32"]
-    """Dtype of the data-parallel gradient reduction (the parameters' dtype: no mixed-precision reduce policy)."""
+    grad_reduce_dtype: Literal["fp16", "bf16", "fp32"]
+    """Dtype of the data-parallel gradient reduction: the plan's under mixed precision, else fp32."""
     cp_algorithm: Literal["ring", "all-gather"]
     """How context-parallel attention exchanged keys and values."""
     stack: str = "executor"
@@ -242,6 +242,13 @@ class ProfileIndex(Section):
     """The step profiled, from 0, as the step records number it."""
     device: Literal["cpu", "cuda"]
     ranks: tuple[ProfiledRank, ...]
+
+
+def profile_step_refusal(step: int | None, steps: int) -> str | None:
+    """Why `--profile-step step` cannot run in a run of `steps` steps (steps count from 0), or None."""
+    if step is None or 0 <= step < steps:
+        return None
+    return f"--profile-step {step}: choose a step from 0 to {steps - 1} (--steps {steps})"
 
 
 def parse_record(line: str, where: str = "record") -> StepRecord | EventRecord | LayerStatsRecord:

@@ -11,7 +11,7 @@ import pytest
 from plan import loader
 from plan.cluster import Cluster
 from plan.rank_grid import RankGrid
-from plan.records import Phases, RankCoords, RunManifest, StepRecord
+from plan.records import Phases, ProfiledRank, ProfileIndex, RankCoords, RunManifest, StepRecord
 from plan.schema import Plan
 from twin.calibrate.fit import (
     KNOBS,
@@ -107,6 +107,23 @@ def test_repeats_are_pooled_and_warmup_dropped(synthetic: tuple[Cluster, Cluster
     first = data[0]
     assert first.step_s == pytest.approx(predict(first.plan, truth).step_time_s, rel=0.02)
     assert 0 < first.step_sd < 0.05 * first.step_s  # 1% noise on 8 steps
+
+
+def test_the_profiled_step_and_the_next_are_left_out(tmp_path: Path) -> None:
+    # step 3 profiled and step 4 paying for its trace exports, as a real run measures them (1.2 s against 0.3 s)
+    plan, truth = loader.load("cpu-tiny"), with_fields(loader.load_cluster("localhost-cpu"), FACTS)
+    run_dir = tmp_path / "run"
+    write_synthetic_run(plan, truth, run_dir, 8, 0.0, seed=0)
+    clean = read_measurements([run_dir])[0].step_s
+    records = [StepRecord.model_validate_json(line) for line in (run_dir / "records.jsonl").read_text().splitlines()]
+    slowed = [r.model_copy(update={"step_s": 4 * r.step_s}) if r.step in (3, 4) else r for r in records]
+    (run_dir / "records.jsonl").write_text("".join(r.model_dump_json() + "\n" for r in slowed))
+    assert read_measurements([run_dir])[0].step_s > 1.5 * clean  # without the profile's index: counted
+    coords = RankCoords(dp=0, pp=0, cp=0, ep=0, tp=0)
+    index = ProfileIndex(step=3, device="cpu", ranks=(ProfiledRank(rank=0, coords=coords, trace="rank0.json"),))
+    (run_dir / "profile").mkdir()
+    (run_dir / "profile" / "ranks.json").write_text(index.model_dump_json())
+    assert read_measurements([run_dir])[0].step_s == pytest.approx(clean)
 
 
 ONE_WIDTH_KNOBS = [

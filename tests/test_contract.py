@@ -21,6 +21,17 @@ def test_cpu_run_of_a_bf16_plan_runs_fp32_and_says_so() -> None:
     assert fields == ["training.dtype", "training.grad_reduce_dtype"]
 
 
+@pytest.mark.parametrize(("device", "asked"), [("cuda", None), ("cpu", True)], ids=["gpu", "cpu-mixed"])
+def test_mixed_precision_runs_bf16_and_reduces_in_the_plans_dtype(device: str, asked: bool | None) -> None:
+    for reduce in ("bf16", "fp32"):
+        plan = loader.load("cpu-tiny", [f"training.grad_reduce_dtype={reduce}"])
+        ran = what_runs(plan, device, asked)
+        assert (ran.dtype, ran.grad_reduce_dtype) == ("bf16", reduce)
+        assert not [line for line in ran.mismatches if line.startswith("training.")], ran.mismatches
+    fp32 = what_runs(loader.load("cpu-tiny", ["training.dtype=fp32"]), device, asked)
+    assert (fp32.dtype, fp32.grad_reduce_dtype) == ("fp32", "fp32")  # a plan that says fp32 runs fp32
+
+
 @pytest.mark.parametrize(
     ("overrides", "field"),
     [

@@ -186,8 +186,8 @@ def test_readme_example_twin_execute_cpu_tiny(reference: dict[str, list[float]],
 
 # Mixture of experts (cpu-tiny-moe: 8 experts, top-2, a shared expert, the first layer dense): expert parallelism
 # alone and with each other axis (FSDP2 shards the experts over their own replicas), every pipeline schedule
-# family, and tokens dropped over capacity — each against
-# one process training the same MoE model on the same batch (with the same capacity where tokens drop).
+# family, and tokens dropped over capacity — each against one process training the same MoE model on the same
+# batch (with the same capacity where tokens drop).
 MOE_SINGLE = [*SINGLE, "layout.ep=1"]
 DROPPING = "model.capacity_factor=1.0"  # an even share per expert and sequence: a fifth of choices or so drop
 MOE_TWO_RANKS = {

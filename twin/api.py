@@ -38,6 +38,7 @@ from plan.clusters import WhatIf, load_cluster_what_if
 from plan.limits import DEFAULT_LIMITS, Limits
 from plan.loader import PlanError
 from plan.model_math import model_flops_per_token, param_count
+from plan.records import profile_step_refusal
 from plan.schema import Plan
 from twin import fit
 from twin.budget import check_step, run_step_actions
@@ -320,8 +321,8 @@ def execute(
     (from 0) is traced on every rank into `out/profile/` (see `twin trace`)."""
     loaded = load_plan(plan, overrides)
     parse_nnodes(nnodes)  # a malformed --nnodes is refused before --out is created
-    if profile_step is not None and not 0 <= profile_step < steps:
-        raise PlanError(f"--profile-step {profile_step}: choose a step from 0 to {steps - 1} (--steps {steps})")
+    if refusal := profile_step_refusal(profile_step, steps):
+        raise PlanError(refusal)
     run_dir = output_dir(out or Path("runs") / f"{loaded.name}-{time.strftime('%Y%m%d-%H%M%S')}", "--out")
     if isinstance(plan, str | Path):
         source, passed = str(plan), list(overrides)
