@@ -191,7 +191,7 @@ def test_every_page_in_a_real_browser(browser: tuple[Any, str], tmp_path: Path) 
 def test_a_click_on_the_pareto_front_loads_that_layout(browser: tuple[Any, str], tmp_path: Path) -> None:
     """Search cpu-tiny's layouts in the browser, click a point of the Pareto scatter: the sidebar's layout becomes
     that point's (a browser sends back what its widgets show, which AppTest does not: only a browser sees this)."""
-    from selenium.common.exceptions import TimeoutException
+    from selenium.common.exceptions import StaleElementReferenceException, TimeoutException
     from selenium.webdriver.common.action_chains import ActionChains
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
@@ -200,8 +200,14 @@ def test_a_click_on_the_pareto_front_loads_that_layout(browser: tuple[Any, str],
     driver.get(f"{url}/?plan=cpu-tiny")
     WebDriverWait(driver, 120).until(lambda d: "step time" in _text(d))
     _tab(driver, "Search")
-    WebDriverWait(driver, 60).until(lambda d: "objective" in _text(d))
-    next(b for b in driver.find_elements(By.TAG_NAME, "button") if b.text == "search").click()
+
+    def click_search(d: Any) -> bool:  # the page may still be re-rendering the tab: its button can go stale
+        button = next((b for b in d.find_elements(By.TAG_NAME, "button") if b.text == "search"), None)
+        if button is not None:
+            button.click()
+        return button is not None
+
+    WebDriverWait(driver, 60, ignored_exceptions=(StaleElementReferenceException,)).until(click_search)
     WebDriverWait(driver, 120).until(lambda d: d.find_elements(By.CSS_SELECTOR, ".scatterlayer .point"))
 
     def shown() -> tuple[str | None, ...]:  # the sidebar's pp and dp
