@@ -8,10 +8,12 @@ where it reads these.
 
 from __future__ import annotations
 
+import math
 from typing import Final, Literal
 
 from pydantic import Field, NonNegativeFloat, PositiveFloat, PositiveInt, field_validator, model_validator
 
+from plan.fitted import Calibration
 from plan.section import UserSection
 
 CLUSTER_SCHEMA_VERSION: Final = 1
@@ -204,10 +206,11 @@ class NodeSpec(Sourced):
 
 
 class Torus(Sourced):
-    """A direct-connect torus (TPU ICI): every chip links to its neighbours along each dimension."""
+    """A direct-connect torus (TPU ICI): every chip links to its neighbours along each dimension. It describes one
+    pod; a fleet of several pods joins them over `fabric.tiers`, the data-centre network (DCN)."""
 
     dims: tuple[PositiveInt, ...]
-    """Torus extent along each dimension (chips)."""
+    """Torus extent of one pod along each dimension (chips)."""
     link_bandwidth_GBps: PositiveFloat
     """Bandwidth of one link, one direction (1e9 bytes/s)."""
     latency_us: NonNegativeFloat
@@ -226,7 +229,8 @@ class Fabric(Sourced):
     rail_optimized: bool = False
     """NIC i of every node connects to leaf switch group i (GPU i's rail)."""
     tiers: tuple[FabricTier, ...] = ()
-    """Switching tiers above the node, innermost first (span_nodes grows outward)."""
+    """Switching tiers above the node, innermost first (span_nodes grows outward); on a torus, the data-centre
+    network between pods (bandwidth per chip), whose innermost tier spans at least one pod."""
     torus: Torus | None = None
     """The torus, for kind 'torus'."""
     sharp: bool = False
@@ -296,36 +300,6 @@ class Economics(Sourced):
     """Power usage effectiveness of the data centre (facility power / IT power)."""
 
 
-class FittedParameter(UserSection):
-    """One cluster field that `twin calibrate` fitted to measured runs."""
-
-    path: str
-    """Dotted field path in the cluster file, e.g. 'compute.kernel_overhead_us'."""
-    before: float
-    """The value in the base profile (the field's unit)."""
-    value: float
-    """The fitted value (the field's unit)."""
-    std: NonNegativeFloat
-    """One standard deviation of the fitted value, from the fit's Jacobian (the field's unit)."""
-
-
-class Calibration(UserSection):
-    """Where a calibrated profile came from: the base profile, the runs it was fitted to, and how well."""
-
-    base: str
-    """Name of the catalogue cluster this profile refines."""
-    created_unix: float
-    """When the fit ran (seconds since the epoch)."""
-    runs: tuple[str, ...]
-    """Run directories (and microbenchmark files) the fit read."""
-    parameters: tuple[FittedParameter, ...]
-    """The fitted fields."""
-    residual_rms: NonNegativeFloat
-    """Root-mean-square relative error of the fitted phases (fraction of each run's step time)."""
-    step_cv: NonNegativeFloat = 0.0
-    """Run-to-run spread of measured step times: relative standard deviation over repeats and steps."""
-
-
 class AcceleratorFile(UserSection):
     """An accelerator of the catalogue (topologies/accelerators/NAME.yaml): the chip and its kernel-level
     efficiencies, which cluster files name instead of repeating them."""
@@ -355,6 +329,9 @@ class Cluster(UserSection):
     failures: Failures
     stragglers: Stragglers
     economics: Economics
+    stack: str | None = None
+    """The software stack (plan/presets/stacks/) runs on this fleet use when a plan names none: what its
+    accelerator's software runs (XLA on a TPU, the Neuron SDK on Trainium); unset: Megatron-Core."""
     calibration: Calibration | None = None
     """Present in profiles written by `twin calibrate`: how they were fitted."""
 
@@ -375,9 +352,30 @@ class Cluster(UserSection):
         if self.accelerator.sm_count is None and self.compute.gemm_half_gflop is None:
             raise ValueError("compute.gemm_half_gflop: required when accelerator.sm_count is not given")
         if self.fabric.torus is not None:
-            chips = 1
-            for d in self.fabric.torus.dims:
-                chips *= d
-            if chips != self.gpus:
-                raise ValueError(f"fabric.torus.dims: {chips} chips, but nodes·node.gpus = {self.gpus}")
+            self._check_pods(self.fabric.torus)
         return self
+
+    def _check_pods(self, torus: Torus) -> None:
+        chips = math.prod(torus.dims)
+        if self.gpus % chips or chips % self.node.gpus:
+            raise ValueError(
+                f"fabric.torus.dims: a pod of {chips} chips must be a multiple of node.gpus={self.node.gpus} and "
+                f"divide nodes·node.gpus = {self.gpus}"
+            )
+        if self.gpus > chips and not self.fabric.tiers:
+            raise ValueError(
+                f"fabric.tiers: {self.gpus // chips} pods of {chips} chips need the data-centre network between "
+                "them; add a tier that spans the whole cluster"
+            )
+        pod_nodes = chips // self.node.gpus
+        if self.fabric.tiers and self.fabric.tiers[0].span_nodes % pod_nodes:
+            raise ValueError(
+                f"fabric.tiers: the innermost tier spans {self.fabric.tiers[0].span_nodes} nodes, not whole pods "
+                f"of {pod_nodes}; give it a multiple of {pod_nodes}"
+            )
+
+    @property
+    def pod_chips(self) -> int:
+        """Accelerators in one torus pod (the whole cluster when there is no torus)."""
+        torus = self.fabric.torus
+        return self.gpus if torus is None else math.prod(torus.dims)

@@ -18,6 +18,7 @@ from plan.clusters import TOPOLOGY_DIR, cluster_names, load_cluster, resolve_clu
 from plan.files import PlanError, format_validation_error, parse_override, read_yaml
 from plan.limits import DEFAULT_LIMITS, Limits
 from plan.refs import DEFAULT_STACK as DEFAULT_STACK_NAME
+from plan.refs import StackRef
 from plan.schema import Plan
 from plan.stack import Stack
 from plan.stacks import load_stack, resolve_stack_path, stack_names
@@ -146,10 +147,12 @@ def validate_plan(data: Mapping[str, Any], origin: str = "plan", relative_to: Pa
         if not cluster_path.resolve().is_relative_to(TOPOLOGY_DIR.resolve()):  # keep a path valid from any cwd
             ref = plan.cluster.model_copy(update={"name": str(cluster_path.resolve())})
             plan = plan.model_copy(update={"cluster": ref})
+        cluster = plan_cluster(plan)
+        if "stack" not in plan.model_fields_set and cluster.stack:  # the fleet's own software, as its runs use
+            plan = plan.model_copy(update={"stack": StackRef(name=cluster.stack)})
         stack_path = resolve_stack_path(plan.stack.name, relative_to)
         if stack_path.resolve().parent != resolve_stack_path(DEFAULT_STACK_NAME).parent:
             plan = plan.model_copy(update={"stack": plan.stack.model_copy(update={"name": str(stack_path.resolve())})})
-        cluster = plan_cluster(plan)
         plan_stack(plan)
     except PlanError as exc:
         raise PlanError(f"{origin}: {exc}") from None

@@ -6,9 +6,12 @@ import itertools
 
 import numpy as np
 import pytest
+from pydantic import ValidationError
 
+from plan.cluster import Cluster
 from plan.loader import load_cluster
 from plan.rank_grid import RankGrid
+from twin.step.collectives import collective_time
 from twin.step.fabric import Fabric
 
 
@@ -105,3 +108,54 @@ def test_bisection_of_a_torus_cuts_its_longest_dimension() -> None:
     assert torus is not None
     cut = cluster.gpus // max(torus.dims) * (2 if torus.wraparound else 1)
     assert Fabric(cluster).bisection_Bps() == pytest.approx(cut * torus.link_bandwidth_GBps * 1e9)
+
+
+def _two_pods(dcn_GBps: float = 6.25) -> Cluster:
+    """Two v5p pods joined by a data-centre network tier (the multi-pod arrangement of TPU fleets)."""
+    pod = load_cluster("tpu-v5p-pod")
+    tier = {
+        "name": "dcn",
+        "source": "test fixture: two pods over one DCN tier",
+        "bandwidth_GBps": dcn_GBps,
+        "latency_us": 20.0,
+        "efficiency": 1.0,
+        "span_nodes": 2 * pod.nodes,
+    }
+    data = pod.model_dump()
+    data["nodes"] = 2 * pod.nodes
+    data["fabric"]["tiers"] = [tier]
+    return Cluster.model_validate(data)
+
+
+def test_a_group_over_two_pods_runs_its_pod_part_on_ici_and_the_rest_on_the_dcn() -> None:
+    cluster = _two_pods()
+    fabric = Fabric(cluster)
+    pod = cluster.pod_chips
+    dcn = 6.25e9
+    one_each = fabric.span([0, pod])
+    assert (one_each.level, one_each.tier, one_each.per_node, one_each.nodes) == (1, "dcn", 1, 2)
+    assert one_each.busbw_Bps == pytest.approx(dcn)
+    ring = list(range(16))  # a full x ring in each pod: 16 members per pod share 16 hosts' worth of DCN
+    both = fabric.span(ring + [pod + r for r in ring])
+    inside = fabric.span(ring)
+    assert both.intra_busbw_Bps == pytest.approx(inside.busbw_Bps)
+    assert both.inter_busbw_Bps == pytest.approx(16 * dcn)
+    # 16 rings, each crossing the DCN once per pod on its own host's share, beat the hierarchical algorithm (ICI
+    # reduce-scatter, DCN all-reduce of 1/16, ICI all-gather): the DCN-bound closed form
+    cost = collective_time("all_reduce", 1e9, both)
+    n = both.size
+    assert cost.algorithm == "ring"
+    assert cost.seconds == pytest.approx(2 * (n - 1) / n * 1e9 / (16 * dcn) + 2 * (n - 1) * 20e-6)
+    assert fabric.graph_hops(0, pod) == 2  # chip -> DCN -> chip
+    assert fabric.bisection_Bps() == pytest.approx(cluster.gpus // 2 * dcn)
+
+
+def test_pods_need_a_network_between_them_and_must_tile_the_fleet() -> None:
+    data = load_cluster("tpu-v5p-pod").model_dump()
+    data["nodes"] *= 2
+    with pytest.raises(ValidationError, match="data-centre network"):
+        Cluster.model_validate(data)
+    data = load_cluster("tpu-v5p-pod").model_dump()
+    data["fabric"]["torus"]["dims"] = [16, 20, 27]
+    with pytest.raises(ValidationError, match="pod of 8640 chips"):
+        Cluster.model_validate(data)

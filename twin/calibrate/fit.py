@@ -20,7 +20,8 @@ from typing import Any
 import numpy as np
 from scipy.optimize import least_squares
 
-from plan.cluster import Calibration, Cluster, FittedParameter
+from plan.cluster import Cluster
+from plan.fitted import Calibration, FittedParameter
 from plan.schema import Plan
 from twin.calibrate.measured import Measurement
 from twin.step.predict import StepPrediction, predict

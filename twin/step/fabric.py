@@ -189,7 +189,35 @@ class Fabric:
         return max(1.0, tier.oversubscription / float(members.min()))
 
     def _torus_span(self, arr: np.ndarray) -> GroupSpan:
-        """On a torus a group is a sub-block of chips: rings along each spanned dimension run at once."""
+        """A group inside one pod is a sub-block of its torus. A group over several pods is priced as the
+        hierarchical algorithms treat a node: its members in one pod form the torus sub-block, and the pods talk
+        over the data-centre network, each member on its own host's share of DCN bandwidth (MaxText multislice:
+        reduce-scatter over ICI, the DCN all-reduce of 1/m of the data, all-gather over ICI)."""
+        pod = self.cluster.pod_chips
+        pods = np.unique(arr // pod)
+        inner = self._pod_span(arr[arr // pod == pods[0]] % pod)
+        if len(pods) == 1:
+            return inner
+        m = len(arr) // len(pods)
+        level = self._level(self.node_of(arr))
+        dcn = self.tiers[level]
+        inter = m * dcn.busbw_Bps / self._crowding(arr, dcn)
+        return GroupSpan(
+            size=len(arr),
+            per_node=m,
+            nodes=len(pods),
+            level=level,
+            tier=dcn.name,
+            intra_busbw_Bps=inner.busbw_Bps,
+            inter_busbw_Bps=inter,
+            busbw_Bps=min(inter, inner.busbw_Bps) if m > 1 else inter,
+            latency_s=dcn.latency_s,
+            intra_latency_s=inner.latency_s,
+            hops=inner.hops + 2 * (level - 1) + 1,
+        )
+
+    def _pod_span(self, arr: np.ndarray) -> GroupSpan:
+        """A group inside one pod (chip indices within it): rings along each spanned dimension run at once."""
         torus = self.cluster.fabric.torus
         assert torus is not None
         dims = np.array(torus.dims)
@@ -247,10 +275,17 @@ class Fabric:
         return g
 
     def _torus_graph(self) -> nx.Graph:
+        """Each pod's torus; between pods every chip reaches the data-centre network through its host."""
         torus = self.cluster.fabric.torus
         assert torus is not None
-        g = nx.grid_graph(dim=list(torus.dims), periodic=torus.wraparound)
-        return nx.relabel_nodes(g, {c: ("gpu", self._torus_index(c)) for c in g.nodes})
+        grid = nx.grid_graph(dim=list(torus.dims), periodic=torus.wraparound)
+        pod = self.cluster.pod_chips
+        g = nx.Graph()
+        for first in range(0, self.cluster.gpus, pod):
+            g.update(nx.relabel_nodes(grid, {c: ("gpu", first + self._torus_index(c)) for c in grid.nodes}))
+            if pod < self.cluster.gpus:
+                g.add_edges_from(((("gpu", first + i), ("dcn", 0)) for i in range(pod)), tier=1)
+        return g
 
     def _torus_index(self, coord: tuple[int, ...]) -> int:
         torus = self.cluster.fabric.torus
@@ -265,13 +300,16 @@ class Fabric:
         Each tier's domains are vertices; a domain's uplink into the tier above carries its GPUs' bandwidth through
         that tier divided by the tier's over-subscription; a leaf domain split by the halving is two vertices, one
         per side. A non-blocking fat tree gives half the GPUs times their NIC bandwidth; over-subscription k above
-        the leaves divides what crosses it by k. On a torus: the links a cut through the longest dimension crosses.
+        the leaves divides what crosses it by k. On one torus pod: the links a cut through the longest dimension
+        crosses; across pods: half the chips' share of the data-centre network.
         """
         cluster = self.cluster
         if cluster.fabric.torus is not None:
             torus = cluster.fabric.torus
-            chips = int(np.prod(torus.dims))
-            cut_links = chips // max(torus.dims) * (2 if torus.wraparound else 1)
+            if cluster.pod_chips < cluster.gpus:  # pods split in halves: half the chips' DCN share crosses
+                dcn = self.tiers[-1]
+                return cluster.gpus // 2 * dcn.link_Bps / dcn.oversubscription
+            cut_links = cluster.pod_chips // max(torus.dims) * (2 if torus.wraparound else 1)
             return cut_links * torus.link_bandwidth_GBps * GB
         tiers = self.tiers[1:]
         if not tiers:
