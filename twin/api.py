@@ -11,6 +11,7 @@ users' own scripts all go through.
     launch = api.execute("cpu-tiny", steps=5)      # run the layout for real under torchrun
     fitted = api.calibrate([launch.run_dir], "localhost-cpu")
     best = api.search("llama3-70b", cluster="dgx-h100-superpod", gpus=2048, batch_tokens=8 * 2**20)
+    fleets = api.compare_fleets("dense-1t", ["xai-colossus", "tpu-v7-ironwood"])  # each at its best layout
 
 A plan argument is anything `load_plan` takes: a Plan, a preset name, a YAML path or a mapping. Bad input raises
 `plan.PlanError` with one line naming the field and the fix; nothing here prints.
@@ -21,10 +22,9 @@ it passes). Over memory: `validate` and whole-run calls refuse a plan unless `al
 
 from __future__ import annotations
 
-import itertools
 import json
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence, Sized
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -45,6 +45,7 @@ from twin.budget import check_step, run_step_actions
 from twin.cli.launch import DEFAULT_TIMEOUT_S, Launch, launch, parse_nnodes
 from twin.outputs import output_dir
 from twin.run import summary as run_summary
+from twin.run.budget import check_runs, seed_list_of
 from twin.run.reliability import daly_interval_s
 from twin.run.summary import RunPrediction, Sweep
 from twin.run.summary import check_seed as check_seed
@@ -201,7 +202,7 @@ def _run_setup(plan: PlanLike, limits: Limits, allow_oom: bool, runs: int) -> ru
     p = load_plan(plan, limits=limits)
     cluster = loader.plan_cluster(p)
     check_step(p, limits, run_step_actions(p, cluster))
-    _check_runs(runs, limits)
+    check_runs(runs, limits)
     if not allow_oom:
         fit.check_fit(p, cluster)
     return run_summary.setup(p, cluster)
@@ -234,38 +235,10 @@ def simulate_runs(
 ) -> RunSummary:
     """The whole run once per seed (`seeds` a count from 0, or the seeds themselves); the step model runs once.
     `progress` is called after each run. More seeds than `limits.runs` raise PlanError before any is simulated."""
-    seed_list = _seeds(seeds, limits)
+    seed_list = seed_list_of(seeds, limits)
     setup = _run_setup(plan, limits, allow_oom, len(seed_list))
     runs = run_summary.run_seeds(setup, seed_list, progress, limits)
     return RunSummary(runs, run_summary.summarise(runs))
-
-
-def _check_runs(runs: int, limits: Limits) -> None:
-    if runs > limits.runs:
-        raise PlanError(
-            f"seeds: {runs:,} runs are past the limit of {limits.runs:,} runs per command; simulate fewer seeds "
-            f"(--seeds), or raise the limit with --limit runs={runs}"
-        )
-
-
-def _seeds(seeds: int | Iterable[int], limits: Limits) -> list[int]:
-    """The seeds as a list, checked; a count past `limits.runs` is refused before it is spelled out."""
-    if isinstance(seeds, bool):
-        raise PlanError(f"seeds {seeds}: give a count of seeds or the seeds themselves")
-    if isinstance(seeds, int):
-        if seeds < 1:
-            raise PlanError(f"seeds {seeds}: give at least one seed")
-        _check_runs(seeds, limits)
-        return list(range(seeds))
-    if isinstance(seeds, Sized):
-        _check_runs(len(seeds), limits)
-    seed_list = list(itertools.islice(seeds, limits.runs + 1))
-    _check_runs(len(seed_list), limits)
-    if not seed_list:
-        raise PlanError("seeds: give at least one seed")
-    for seed in seed_list:
-        run_summary.check_seed(seed)
-    return seed_list
 
 
 def sweep_checkpoint(
@@ -279,7 +252,7 @@ def sweep_checkpoint(
     """Goodput against checkpoint interval (default: 13 intervals from a quarter to four times Daly's), over the
     same seeds at every interval, with the simulated optimum beside Young's and Daly's. `progress` is called after
     each run."""
-    seed_list = _seeds(seeds, limits)
+    seed_list = seed_list_of(seeds, limits)
     intervals = len(intervals_min) if intervals_min is not None else 13
     setup = _run_setup(plan, limits, allow_oom, len(seed_list) * intervals)
     if not setup.rates:
@@ -398,3 +371,12 @@ def sweep(plan: str, fields: Sequence[str], overrides: Iterable[str] = ()) -> pd
     from twin.search import front
 
     return front.sweep(plan, fields, overrides)
+
+
+def compare_fleets(source: str | Mapping[str, Any], clusters: Sequence[str], overrides: Iterable[str] = (),
+                   **options: Any) -> pd.DataFrame:  # fmt: skip
+    """A model preset or plan on each fleet in `clusters` at its best layout, with its whole run: a row per fleet
+    (time, MFU, days, goodput, cost, energy; options and defaults as twin/search/fleet.py `compare`)."""
+    from twin.search import fleet
+
+    return fleet.compare(source, clusters, overrides, **options)

@@ -6,6 +6,7 @@ import typer
 
 from twin.cli.calibrate_cmds import bench, calibrate_command, loop
 from twin.cli.execute_cmd import execute
+from twin.cli.fleet_cmd import fleet_command
 from twin.cli.options import user_errors
 from twin.cli.plan_cmds import presets, schema, show, validate
 from twin.cli.predict_cmd import predict
@@ -27,6 +28,7 @@ app.command()(user_errors(predict))
 app.command()(user_errors(trace))
 app.command("run")(user_errors(run_command))
 app.command("search")(user_errors(search_command))
+app.command("fleet")(user_errors(fleet_command))
 app.command()(schema)
 app.command()(presets)
 app.command()(user_errors(execute))

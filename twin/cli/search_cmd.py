@@ -11,6 +11,7 @@ from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from plan.errors import PlanError
+from twin.cli import fleet_cmd
 from twin.cli.options import JsonOpt, LimitOpt, SetOpt, console, emit_json, err_console, limits_from, styled
 from twin.outputs import output_file
 from twin.search import front
@@ -32,7 +33,9 @@ def search_command(
     sweep: Annotated[
         list[str] | None,
         typer.Option(
-            "--sweep", help="No search: compare variants field=a,b,c (repeatable; any plan or cluster field)."
+            "--sweep",
+            help="No search: compare variants field=a,b,c (repeatable; any plan or cluster field); cluster=a,b,c "
+            "alone compares fleets, each at its best layout (twin fleet).",
         ),
     ] = None,
     overrides: SetOpt = None,
@@ -49,6 +52,12 @@ def search_command(
     front over time to train, GPUs and memory headroom, and the plan as given beside them."""
     limits = limits_from(limit)
     csv = output_file(csv, "--csv") if csv is not None else None
+    if sweep and len(sweep) == 1 and sweep[0].startswith("cluster="):  # fleets, each at its best layout
+        fleets = [c.strip() for c in sweep[0].removeprefix("cluster=").split(",") if c.strip()]
+        batch = front.coerce_range(batch_range or batch_tokens, "--batch-range" if batch_range else "--batch-tokens")
+        fleet_cmd.show(source, fleets, overrides or [], gpus, batch, objective,
+                       fix or [], seeds, workers, csv, as_json, limits)  # fmt: skip
+        return
     if sweep:
         _sweep(source, sweep, overrides or [], csv, as_json)
         return

@@ -15,8 +15,12 @@ outlook is an estimate (mean recovery over the causes, repairs as waits); the si
 
 from __future__ import annotations
 
+import itertools
 import math
+from collections.abc import Iterable, Sized
 from dataclasses import dataclass
+
+import numpy as np
 
 from plan.errors import PlanError
 from plan.limits import Limits, over
@@ -154,3 +158,37 @@ def duration(seconds: float) -> str:
 
 def _percent(share: float) -> str:
     return f"{100 * share:.2g}%" if share >= 1e-4 else f"{100 * share:.1e}%"
+
+
+def check_runs(runs: int, limits: Limits) -> None:
+    if runs > limits.runs:
+        raise PlanError(
+            f"seeds: {runs:,} runs are past the limit of {limits.runs:,} runs per command; simulate fewer seeds "
+            f"(--seeds), or raise the limit with --limit runs={runs}"
+        )
+
+
+def seed_list_of(seeds: int | Iterable[int], limits: Limits) -> list[int]:
+    """The seeds as a list, checked; a count past `limits.runs` is refused before it is spelled out."""
+    if isinstance(seeds, bool):
+        raise PlanError(f"seeds {seeds}: give a count of seeds or the seeds themselves")
+    if isinstance(seeds, int):
+        if seeds < 1:
+            raise PlanError(f"seeds {seeds}: give at least one seed")
+        check_runs(seeds, limits)
+        return list(range(seeds))
+    if isinstance(seeds, Sized):
+        check_runs(len(seeds), limits)
+    seed_list = list(itertools.islice(seeds, limits.runs + 1))
+    check_runs(len(seed_list), limits)
+    if not seed_list:
+        raise PlanError("seeds: give at least one seed")
+    for seed in seed_list:
+        check_seed(seed)
+    return seed_list
+
+
+def check_seed(seed: object) -> None:
+    """PlanError unless `seed` is a whole number >= 0 (numpy's generators take no other)."""
+    if isinstance(seed, bool) or not isinstance(seed, int | np.integer) or seed < 0:
+        raise PlanError(f"seed {seed!r}: give a whole number >= 0, e.g. --seed 5")

@@ -16,7 +16,7 @@ from plan.limits import DEFAULT_LIMITS, Limits
 from plan.loader import PlanError
 from plan.rank_grid import RankGrid
 from plan.schema import Plan
-from twin.run.budget import check_run
+from twin.run.budget import check_run, check_seed
 from twin.run.reliability import checkpoint_cost, daly_interval_s, job_failure_rates, young_interval_s
 from twin.run.sim import RunSim
 from twin.run.state import RunSetup
@@ -137,12 +137,6 @@ def setup(plan: Plan, cluster: Cluster | None = None, step_s: float | None = Non
         # only an elastic run changes dp; the others never ask for another dp, so skip the doubled-batch prediction
         step_for_dp=_step_for_dp(plan, cluster, step_s) if plan.reliability.elastic else lambda dp: step_s,
     )
-
-
-def check_seed(seed: object) -> None:
-    """PlanError unless `seed` is a whole number >= 0 (numpy's generators take no other)."""
-    if isinstance(seed, bool) or not isinstance(seed, int | np.integer) or seed < 0:
-        raise PlanError(f"seed {seed!r}: give a whole number >= 0, e.g. --seed 5")
 
 
 def simulate_run(run_setup: RunSetup, seed: int = 0, limits: Limits = DEFAULT_LIMITS) -> RunPrediction:

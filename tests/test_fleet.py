@@ -1,0 +1,97 @@
+"""Fleet comparison (twin/search/fleet.py): each fleet at its own best layout, its whole run, the reasons a fleet
+cannot run; a cluster's own software stack; `twin fleet` and `twin search --sweep cluster=...`."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from plan import loader
+from twin import api
+from twin.cli.app import app
+
+MODEL = "llama3-8b"
+SEARCH = {"gpus": 16, "batch_tokens": 2**20, "fixes": ["layout.cp=1", "layout.microbatch_size=1"], "workers": 1}
+
+
+@pytest.fixture(scope="module")
+def table() -> object:
+    return api.compare_fleets(MODEL, ["dgx-h100-superpod", "dgx-a100-superpod", "single-h100", "no-such"], **SEARCH)
+
+
+def test_each_fleet_runs_its_own_best_layout_and_its_whole_run(table: object) -> None:
+    import pandas as pd
+
+    assert isinstance(table, pd.DataFrame)
+    rows = table.set_index("cluster")
+    for name in ("dgx-h100-superpod", "dgx-a100-superpod"):
+        best = api.search(MODEL, name, gpus=16, batch_tokens=2**20, fix=SEARCH["fixes"], workers=1, top=1).top[0]
+        row = rows.loc[name]
+        assert row["reason"] == "" and row["layout"] == best.label
+        assert row["step_time_s"] == pytest.approx(best.outcome.step_time_s)
+        assert row["wall_days"] >= row["ideal_days"] * 0.999 and 0 < row["goodput"] <= 1
+        cluster = loader.load_cluster(name)
+        # cost and energy are the run's: GPU-hours at the fleet's price, node power times the PUE
+        hours = row["wall_days"] * 24
+        assert row["cost_usd"] == pytest.approx(hours * row["gpus"] * cluster.economics.usd_per_gpu_hour, rel=0.05)
+        assert row["energy_mwh"] > 0
+    assert rows.loc["dgx-h100-superpod", "step_time_s"] < rows.loc["dgx-a100-superpod", "step_time_s"]
+
+
+def test_a_fleet_that_cannot_run_says_why_and_the_others_stay(table: object) -> None:
+    rows = table.set_index("cluster")  # type: ignore[attr-defined]
+    # --gpus 16 is capped at the one GPU single-h100 has; an 8B model with Adam does not fit on it
+    one = rows.loc["single-h100"]
+    assert (
+        one["fleet_gpus"] == 1
+        and one["reason"].startswith("no layout fits single-h100")
+        and "over memory" in one["reason"]
+    )
+    assert "unknown cluster 'no-such'" in rows.loc["no-such", "reason"]
+    assert rows.loc["dgx-h100-superpod", "reason"] == ""
+
+
+def test_a_model_compared_across_fleets_runs_elastic_and_a_plan_keeps_its_policy() -> None:
+    from twin.search import fleet
+
+    rows = fleet.compare(MODEL, ["dgx-h100-superpod"], **SEARCH)
+    assert rows.loc[0, "reason"] == ""
+    # what the comparison ran: the model with elastic shrink unless the overrides say otherwise
+    best = api.search(MODEL, "dgx-h100-superpod", ["reliability.elastic=true"], gpus=16, batch_tokens=2**20,
+                      fix=SEARCH["fixes"], workers=1, top=1).top[0]  # fmt: skip
+    assert best.plan.reliability.elastic
+    run = api.simulate_runs(best.plan, 1)
+    assert rows.loc[0, "wall_days"] == pytest.approx(run.stats["wall_days"]["mean"])
+
+
+def test_a_plan_that_names_no_stack_takes_its_clusters_own() -> None:
+    data = {
+        "name": "stackless", "model": MODEL, "cluster": {"name": "dgx-h100-superpod"},
+        "layout": {"dp": 8}, "training": {"global_batch": 64, "tokens": 1e9},
+    }  # fmt: skip
+    assert api.load_plan(data).stack.name == "megatron-core-0.8"
+    data["cluster"] = {"name": "dgx-h100-superpod", "overrides": {"stack": "nemo-24.12"}}
+    assert api.load_plan(data).stack.name == "nemo-24.12"
+    assert api.load_plan({**data, "stack": "megatron-lm-2022"}).stack.name == "megatron-lm-2022"
+    data["cluster"] = {"name": "dgx-h100-superpod", "overrides": {"stack": "no-such-stack"}}
+    with pytest.raises(loader.PlanError, match="unknown stack 'no-such-stack'"):
+        api.load_plan(data)
+
+
+def test_the_commands_print_the_fleet_table_as_json() -> None:
+    runner = CliRunner()
+    common = ["--gpus", "16", "--batch-tokens", "1048576", "--fix", "layout.cp=1", "--fix", "layout.microbatch_size=1",
+              "--workers", "1", "--json"]  # fmt: skip
+    for args in (
+        ["fleet", MODEL, "--clusters", "dgx-h100-superpod,no-such", *common],
+        ["search", MODEL, "--sweep", "cluster=dgx-h100-superpod,no-such", *common],
+    ):
+        out = runner.invoke(app, args)
+        assert out.exit_code == 0, out.output
+        fleets = {r["cluster"]: r for r in json.loads(out.stdout)["fleets"]}
+        assert fleets["dgx-h100-superpod"]["gpus"] == 16 and fleets["dgx-h100-superpod"]["mfu"] > 0
+        assert "unknown cluster" in fleets["no-such"]["reason"]
+    bad = runner.invoke(app, ["fleet", MODEL, "--clusters", "dgx-h100-superpod", "--gpus", "8:16"])
+    assert bad.exit_code == 2 and "give one count" in bad.output

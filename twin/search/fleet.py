@@ -1,0 +1,112 @@
+"""The same model on several fleets: each fleet's best layout (a search on that fleet), then the whole run on it
+— time, cost, energy and goodput side by side. What `twin fleet`, `twin search --sweep cluster=...` and the
+dashboard's Fleets tab show.
+
+A fleet is compared at its own best layout, not at one layout carried over: a 9,216-chip TPU pod cannot hold a
+100k-GPU plan's data parallelism, and a layout tuned for one scale-up domain (8 GPUs, 72, a torus) wastes another.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+import pandas as pd
+
+from plan import loader
+from plan.errors import PlanError
+from plan.limits import DEFAULT_LIMITS, Limits
+from twin.search import front
+from twin.search.engine import Tally
+
+FLEET_COLUMNS = (
+    "cluster", "accelerator", "fleet_gpus", "gpus", "layout", "stack", "batch_tokens", "step_time_s", "mfu",
+    "memory_peak_GiB", "ideal_days", "wall_days", "goodput", "cost_usd", "energy_mwh", "reason",
+)  # fmt: skip
+"""A fleet row's columns, in the order tables print them."""
+
+
+def compare(
+    source: str | Mapping[str, Any],
+    clusters: Sequence[str],
+    overrides: Iterable[str] = (),
+    *,
+    gpus: front.Range | None = None,
+    batch_tokens: front.Range | None = None,
+    objective: str = "time",
+    fixes: Iterable[str] = (),
+    seeds: int = 1,
+    workers: int | None = None,
+    progress: Callable[[str, Tally | None], None] | None = None,
+    limits: Limits = DEFAULT_LIMITS,
+) -> pd.DataFrame:
+    """A row per fleet in `clusters`: the best layout of `source` (a model preset or a plan) on it by `objective`,
+    and that layout's whole run over `seeds` seeds (mean wall days, goodput, cost, energy). A fleet where nothing
+    fits gets a row with the reason. `progress(cluster, tally)` follows each search."""
+    if not clusters:
+        raise PlanError("fleet: name at least one cluster to compare (twin presets lists them)")
+    overrides = list(overrides)
+    if (
+        isinstance(source, str)
+        and source in loader.model_presets()
+        and not any(o.startswith("reliability.elastic") for o in overrides)
+    ):
+        overrides.append("reliability.elastic=true")  # see ELASTIC_BY_DEFAULT
+    rows = []
+    for name in clusters:
+        report = (lambda t, n=name: progress(n, t)) if progress else None
+        try:
+            cluster = loader.load_cluster(name)
+        except PlanError as exc:
+            rows.append({"cluster": name, "reason": str(exc)})
+            continue
+        row: dict[str, Any] = {"cluster": name, "accelerator": cluster.accelerator.name, "fleet_gpus": cluster.gpus}
+        try:
+            row |= _best_run(source, name, cluster.gpus, overrides, gpus, batch_tokens, objective, fixes, seeds,
+                             workers, report, limits)  # fmt: skip
+        except PlanError as exc:
+            row["reason"] = str(exc)
+        rows.append(row)
+    return pd.DataFrame(rows, columns=list(FLEET_COLUMNS)).fillna({"reason": ""})
+
+
+ELASTIC_BY_DEFAULT = True
+"""A model compared across fleets runs under elastic shrink unless `reliability.elastic` is set: the job drops a
+failed node's data-parallel replicas and grows back when it returns, as the reference plan does. Without spares a
+gang-scheduled job waits out every repair (48 h in the catalogue's failure sections), which at 100k GPUs leaves
+no fleet any goodput to compare. A plan keeps its own policy."""
+
+
+def _best_run(
+    source: str | Mapping[str, Any],
+    name: str,
+    fleet_gpus: int,
+    overrides: list[str],
+    gpus: front.Range | None,
+    batch_tokens: front.Range | None,
+    objective: str,
+    fixes: Iterable[str],
+    seeds: int,
+    workers: int | None,
+    progress: Callable[[Tally], None] | None,
+    limits: Limits,
+) -> dict[str, Any]:
+    """The best layout on fleet `name` (the whole fleet unless `gpus` says otherwise) and its whole run."""
+    from twin import api
+
+    most = min(gpus, fleet_gpus) if isinstance(gpus, int | float) else gpus or fleet_gpus
+    result, _ = front.run(source, name, overrides, most, batch_tokens, objective, 1, fixes, workers, progress, 1,
+                          limits)  # fmt: skip
+    if not result.top:
+        t = result.tally
+        return {"reason": f"no layout fits {name}: {t.shapes:,} seen, {t.over_memory:,} over memory, "
+                          f"{t.invalid:,} invalid"}  # fmt: skip
+    best = result.top[0]
+    runs = api.simulate_runs(best.plan, seeds, limits=limits)
+    mean = {key: runs.stats[key]["mean"] for key in ("wall_days", "goodput", "cost_usd", "energy_mwh")}
+    o = best.outcome
+    return {
+        "gpus": best.shape.gpus, "layout": best.label, "stack": best.plan.stack.name,
+        "batch_tokens": best.plan.tokens_per_step, "step_time_s": o.step_time_s, "mfu": o.mfu,
+        "memory_peak_GiB": o.memory_peak_GiB, "ideal_days": o.days_to_train, **mean, "reason": "",
+    }  # fmt: skip
