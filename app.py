@@ -3,7 +3,7 @@
 UI only: every number comes from the Python API (twin/api.py), every figure from twin/dashboard/figures.py. The
 sidebar holds the plan — a preset, a catalogue model or one's own, on a cluster changed by what-ifs, laid out
 with widgets that offer valid values — and the tabs show what follows: the step, the whole run, the layout search,
-scenarios side by side and calibrated profiles.
+scenarios side by side, the same model on other fleets and calibrated profiles.
 """
 
 from __future__ import annotations
@@ -313,6 +313,27 @@ def compare_tab(data: dict[str, Any]) -> None:
     st.plotly_chart(figures.compare_bars(preds), width="stretch")
 
 
+@st.cache_data(show_spinner=False, max_entries=16)
+def fleets_of(plan_json: str, clusters: tuple[str, ...], gpus: int) -> Any:
+    """The sidebar's model, batch and policy on each fleet at its best layout (cached: a search per fleet)."""
+    return api.compare_fleets(json.loads(plan_json), list(clusters), gpus=gpus or None)
+
+
+def fleets_tab(data: dict[str, Any]) -> None:
+    names = [n for n in loader.cluster_names() if not n.startswith("calibrated/")]
+    world = data["layout"]["dp"] * data["layout"]["tp"] * data["layout"]["pp"] * data["layout"]["cp"]
+    picked = st.multiselect("fleets", names, default=[data["cluster"]["name"]], key="fleets")
+    gpus = st.number_input("GPUs per fleet (0: the whole fleet)", 0, 10_000_000, int(world), key="fleet_gpus")
+    if not picked or not st.button("compare fleets", key="compare_fleets"):
+        st.caption("Each fleet runs this model and batch at its own best layout (a search per fleet), then the whole "
+                   "run with its failures: days, cost, energy and goodput side by side.")  # fmt: skip
+        return
+    with st.spinner(f"searching {len(picked)} fleets"):
+        frame = fleets_of(json.dumps(data, sort_keys=True), tuple(picked), int(gpus))
+    st.dataframe(figures.fleet_table(frame), hide_index=True)
+    st.plotly_chart(figures.fleet_bars(frame), width="stretch")
+
+
 def calibrate_tab() -> None:
     profiles = [n for n in loader.cluster_names() if n.startswith("calibrated/")]
     cal = api.load_cluster(st.selectbox("calibrated profile", profiles)).calibration if profiles else None
@@ -341,7 +362,7 @@ def calibrate_tab() -> None:
     st.dataframe([r.to_json() for r in rows], hide_index=True)
 
 
-PAGES = ("Step", "Run", "Search", "Compare", "Calibrate")
+PAGES = ("Step", "Run", "Search", "Compare", "Fleets", "Calibrate")
 
 
 def main() -> None:
@@ -361,6 +382,8 @@ def main() -> None:
             run_tab(data)
         elif page == "Search":
             search_tab(data)
+        elif page == "Fleets":
+            fleets_tab(data)
         else:
             compare_tab(data)
 

@@ -86,6 +86,31 @@ def test_search_and_compare_run_on_a_small_case() -> None:
     assert compared and len(compared[-1]) == 2
 
 
+def test_fleets_compare_the_sidebars_model_on_each_fleet_at_its_best_layout() -> None:
+    at = _app()
+    at.selectbox(key="preset").set_value("gpt-1b-h100").run()
+    _open(at, "Fleets")
+    at.multiselect(key="fleets").set_value(["dgx-h100-superpod", "dgx-a100-superpod"]).run()
+    at.number_input(key="fleet_gpus").set_value(16).run()
+    at.button(key="compare_fleets").click().run()
+    assert not at.exception and not at.error, [e.value for e in [*at.exception, *at.error]]
+    shown = next(d.value for d in at.dataframe if "fleet" in d.value.columns)
+    assert list(shown["fleet"]) == ["dgx-h100-superpod", "dgx-a100-superpod"]  # the faster fleet first
+    assert (shown["GPUs"] == 16).all() and (shown["MFU"] > 0).all()
+
+
+def test_fleet_figures_follow_the_comparison() -> None:
+    fleets = ["dgx-h100-superpod", "dgx-a100-superpod", "no-such"]
+    pins = ["layout.cp=1", "layout.microbatch_size=1"]
+    frame = api.compare_fleets("llama3-8b", fleets, gpus=16, batch_tokens=2**20, fixes=pins, workers=1)
+    table = figures.fleet_table(frame)
+    assert list(table["fleet"])[-1] == "no-such" and "unknown cluster" in table["why it cannot run"].iloc[-1]
+    bars = figures.fleet_bars(frame)
+    assert {b.name for b in bars.data} == {label for _, label in figures.FLEET_FIGURES}
+    for bar in bars.data:  # each figure against the best fleet: the best is 1, the other at least 1
+        assert list(bar.x) == ["dgx-h100-superpod", "dgx-a100-superpod"] and min(bar.y) == pytest.approx(1.0)
+
+
 def test_figures_follow_the_numbers() -> None:
     plan = api.load_plan("gpt3-175b-1k")
     pred = api.predict(plan)
@@ -167,7 +192,7 @@ def test_every_page_in_a_real_browser(browser: tuple[Any, str], tmp_path: Path) 
     driver, url = browser
     driver.get(url)
     pages = {"Step": "MFU / HFU", "Run": "goodput", "Search": "objective", "Compare": "scenario name",
-             "Calibrate": "calibrated profile"}  # fmt: skip
+             "Fleets": "compare fleets", "Calibrate": "calibrated profile"}  # fmt: skip
     WebDriverWait(driver, 120).until(lambda d: "step time" in _text(d))
     for name, shows in pages.items():
         _tab(driver, name)
@@ -181,6 +206,7 @@ def test_every_page_in_a_real_browser(browser: tuple[Any, str], tmp_path: Path) 
     assert sorted(p.name for p in tmp_path.glob("*.png")) == [
         "calibrate.png",
         "compare.png",
+        "fleets.png",
         "run.png",
         "search.png",
         "step.png",

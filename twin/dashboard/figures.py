@@ -227,3 +227,38 @@ def compare_bars(scenarios: Mapping[str, StepPrediction]) -> go.Figure:
         fig.add_bar(x=names, y=[scenarios[n].breakdown_s.get(key, 0.0) for n in names], name=key)
     fig.update_layout(barmode="stack", yaxis_title="seconds per step", height=380)
     return fig
+
+
+FLEET_FIGURES = (("wall_days", "days (whole run)"), ("cost_usd", "cost ($)"), ("energy_mwh", "energy (MWh)"))
+
+
+def fleet_table(frame: pd.DataFrame) -> pd.DataFrame:
+    """A fleet comparison (twin/search/fleet.py) as the dashboard shows it: a row per fleet, worst days last."""
+    shown = frame.rename(
+        columns={
+            "cluster": "fleet",
+            "fleet_gpus": "fleet GPUs",
+            "gpus": "GPUs",
+            "step_time_s": "step (s)",
+            "mfu": "MFU",
+            "ideal_days": "days (no failures)",
+            "wall_days": "days (whole run)",
+            "cost_usd": "cost ($)",
+            "energy_mwh": "energy (MWh)",
+            "reason": "why it cannot run",
+        }
+    )
+    return shown.sort_values("days (whole run)", na_position="last").drop(columns=["memory_peak_GiB", "batch_tokens"])
+
+
+def fleet_bars(frame: pd.DataFrame) -> go.Figure:
+    """Days, cost and energy of each fleet that can run the model, each against the best fleet (1 = the best)."""
+    ok = frame[frame["reason"] == ""]
+    fig = go.Figure()
+    for column, label in FLEET_FIGURES:
+        best = ok[column].min()
+        hover = "%{x}: %{customdata:,.4g}<extra>" + label + "</extra>"
+        y = ok[column] / best if best else ok[column]
+        fig.add_bar(x=ok["cluster"], y=y, name=label, customdata=ok[column], hovertemplate=hover)
+    fig.update_layout(barmode="group", yaxis_title="times the best fleet", height=380)
+    return fig
