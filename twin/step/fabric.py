@@ -21,6 +21,7 @@ it by k.
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -80,6 +81,24 @@ class GroupSpan:
         return self.size == 1
 
 
+def _counts(values: np.ndarray) -> np.ndarray:
+    """How many times each distinct value occurs. Ranks come sorted, so their nodes usually do too: then the runs
+    between changes are the counts (linear, where np.unique sorts again — at 400k ranks that is most of a predict)."""
+    if len(values) > 1 and _ascending(values):
+        edges = np.flatnonzero(values[1:] != values[:-1]) + 1
+        return np.diff(np.concatenate(([0], edges, [len(values)])))
+    return np.unique(values, return_counts=True)[1]
+
+
+def _ascending(values: np.ndarray) -> bool:
+    return bool((values[1:] >= values[:-1]).all())
+
+
+def _distinct(values: np.ndarray) -> int:
+    """Distinct values in `values` (see _counts)."""
+    return len(_counts(values)) if len(values) else 0
+
+
 def _tier(name: str, level: int, span: int, bw_GBps: float, eff: float, lat_us: float, oversub: float) -> Tier:
     """A tier in SI units from the cluster file's figures."""
     return Tier(name, level, span, bw_GBps * eff * GB, bw_GBps * GB, lat_us * US, oversub)
@@ -101,7 +120,7 @@ class Fabric:
                 for i, t in enumerate(cluster.fabric.tiers)
             ),
         )
-        self._spans: dict[tuple[int, ...], GroupSpan] = {}
+        self._spans: dict[bytes, GroupSpan] = {}
         self._group_spans: dict[tuple[RankGrid, tuple[str, ...]], GroupSpan] = {}
 
     # --- placement -------------------------------------------------------------------------------------------
@@ -121,8 +140,10 @@ class Fabric:
 
     def span(self, ranks: np.ndarray | list[int] | tuple[int, ...]) -> GroupSpan:
         """The span of a group of ranks (cached per group)."""
-        arr = np.sort(np.asarray(ranks, dtype=np.int64))
-        key = tuple(arr.tolist())
+        arr = np.asarray(ranks, dtype=np.int64)
+        if not _ascending(arr):
+            arr = np.sort(arr)
+        key = arr.tobytes()  # hashing the buffer, not a tuple of 400k ints: a whole-fleet group stays cheap
         cached = self._spans.get(key)
         if cached is None:
             cached = self._spans[key] = self._torus_span(arr) if self.cluster.fabric.torus else self._tree_span(arr)
@@ -134,20 +155,22 @@ class Fabric:
         key = (grid, axes)
         cached = self._group_spans.get(key)
         if cached is None:
-            cached = self._group_spans[key] = self.span(grid.group_of(0, *axes))
+            whole = math.prod(grid.size(a) for a in axes) == grid.world_size  # every rank: no need to list them
+            ranks = np.arange(grid.world_size) if whole else grid.group_of(0, *axes)
+            cached = self._group_spans[key] = self.span(ranks)
         return cached
 
     def _level(self, nodes: np.ndarray) -> int:
-        if len(np.unique(nodes)) == 1:
+        if _distinct(nodes) == 1:
             return 0
         for tier in self.tiers[1:]:
-            if len(np.unique(nodes // tier.span_nodes)) == 1:
+            if _distinct(nodes // tier.span_nodes) == 1:
                 return tier.level
         raise ValueError(f"ranks span nodes beyond the outermost tier of {self.cluster.name}")
 
     def _tree_span(self, arr: np.ndarray) -> GroupSpan:
         nodes = self.node_of(arr)
-        n_nodes = len(np.unique(nodes))
+        n_nodes = _distinct(nodes)
         per_node = len(arr) // n_nodes
         level = self._level(nodes)
         intra = self.tiers[0]
@@ -185,8 +208,7 @@ class Fabric:
         if tier.level < 2 or tier.oversubscription <= 1:
             return 1.0
         below = self.tiers[tier.level - 1].span_nodes
-        _, members = np.unique(self.node_of(arr) // below, return_counts=True)
-        return max(1.0, tier.oversubscription / float(members.min()))
+        return max(1.0, tier.oversubscription / float(_counts(self.node_of(arr) // below).min()))
 
     def _torus_span(self, arr: np.ndarray) -> GroupSpan:
         """A group inside one pod is a sub-block of its torus. A group over several pods is priced as the
@@ -194,7 +216,7 @@ class Fabric:
         over the data-centre network, each member on its own host's share of DCN bandwidth (MaxText multislice:
         reduce-scatter over ICI, the DCN all-reduce of 1/m of the data, all-gather over ICI)."""
         pod = self.cluster.pod_chips
-        pods = np.unique(arr // pod)
+        pods = np.unique(arr // pod)  # few: a pod holds thousands of chips
         inner = self._pod_span(arr[arr // pod == pods[0]] % pod)
         if len(pods) == 1:
             return inner
