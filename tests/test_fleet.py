@@ -95,3 +95,17 @@ def test_the_commands_print_the_fleet_table_as_json() -> None:
         assert "unknown cluster" in fleets["no-such"]["reason"]
     bad = runner.invoke(app, ["fleet", MODEL, "--clusters", "dgx-h100-superpod", "--gpus", "8:16"])
     assert bad.exit_code == 2 and "give one count" in bad.output
+
+
+def test_a_400k_gpu_fleet_simulates_no_more_events_than_100k() -> None:
+    """What a prediction simulates follows the pipeline (pp x microbatches x virtual stages), not the fleet: the same
+    1T pipeline at four times the data parallelism draws the same events, and the whole-fleet groups it prices
+    (the step's barrier, DP) span all 400k GPUs."""
+    small = api.predict("reference-100k")
+    big_plan = api.load_plan(
+        "reference-100k", ["cluster.nodes=50004", "layout.dp=3125", "training.global_batch=100000"]
+    )
+    big = api.predict(big_plan)
+    assert big.world_size == 400_000 and big.events == small.events
+    # more replicas only lengthen the DP collectives' latency terms: the step grows by well under 1%
+    assert small.step_time_s < big.step_time_s < small.step_time_s * 1.01

@@ -16,6 +16,7 @@ import pandas as pd
 from plan import loader
 from plan.errors import PlanError
 from plan.limits import DEFAULT_LIMITS, Limits
+from plan.schema import Plan
 from twin.search import front
 from twin.search.engine import Tally
 
@@ -42,7 +43,8 @@ def compare(
 ) -> pd.DataFrame:
     """A row per fleet in `clusters`: the best layout of `source` (a model preset or a plan) on it by `objective`,
     and that layout's whole run over `seeds` seeds (mean wall days, goodput, cost, energy). A fleet where nothing
-    fits gets a row with the reason. `progress(cluster, tally)` follows each search."""
+    fits gets a row with the reason. `progress(cluster, tally)` follows each search. The best plans themselves are
+    in the frame's `attrs["plans"]`, by fleet."""
     if not clusters:
         raise PlanError("fleet: name at least one cluster to compare (twin presets lists them)")
     overrides = list(overrides)
@@ -52,7 +54,7 @@ def compare(
         and not any(o.startswith("reliability.elastic") for o in overrides)
     ):
         overrides.append("reliability.elastic=true")  # see ELASTIC_BY_DEFAULT
-    rows = []
+    rows, plans = [], {}
     for name in clusters:
         report = (lambda t, n=name: progress(n, t)) if progress else None
         try:
@@ -62,12 +64,15 @@ def compare(
             continue
         row: dict[str, Any] = {"cluster": name, "accelerator": cluster.accelerator.name, "fleet_gpus": cluster.gpus}
         try:
-            row |= _best_run(source, name, cluster.gpus, overrides, gpus, batch_tokens, objective, fixes, seeds,
-                             workers, report, limits)  # fmt: skip
+            found, plans[name] = _best_run(source, name, cluster.gpus, overrides, gpus, batch_tokens, objective,
+                                           fixes, seeds, workers, report, limits)  # fmt: skip
+            row |= found
         except PlanError as exc:
             row["reason"] = str(exc)
         rows.append(row)
-    return pd.DataFrame(rows, columns=list(FLEET_COLUMNS)).fillna({"reason": ""})
+    frame = pd.DataFrame(rows, columns=list(FLEET_COLUMNS)).fillna({"reason": ""})
+    frame.attrs["plans"] = {name: plan for name, plan in plans.items() if plan is not None}
+    return frame
 
 
 ELASTIC_BY_DEFAULT = True
@@ -90,8 +95,8 @@ def _best_run(
     workers: int | None,
     progress: Callable[[Tally], None] | None,
     limits: Limits,
-) -> dict[str, Any]:
-    """The best layout on fleet `name` (the whole fleet unless `gpus` says otherwise) and its whole run."""
+) -> tuple[dict[str, Any], Plan | None]:
+    """The best layout on fleet `name` (the whole fleet unless `gpus` says otherwise), its whole run, and its plan."""
     from twin import api
 
     most = min(gpus, fleet_gpus) if isinstance(gpus, int | float) else gpus or fleet_gpus
@@ -100,7 +105,7 @@ def _best_run(
     if not result.top:
         t = result.tally
         return {"reason": f"no layout fits {name}: {t.shapes:,} seen, {t.over_memory:,} over memory, "
-                          f"{t.invalid:,} invalid"}  # fmt: skip
+                          f"{t.invalid:,} invalid"}, None  # fmt: skip
     best = result.top[0]
     runs = api.simulate_runs(best.plan, seeds, limits=limits)
     mean = {key: runs.stats[key]["mean"] for key in ("wall_days", "goodput", "cost_usd", "energy_mwh")}
@@ -109,4 +114,4 @@ def _best_run(
         "gpus": best.shape.gpus, "layout": best.label, "stack": best.plan.stack.name,
         "batch_tokens": best.plan.tokens_per_step, "step_time_s": o.step_time_s, "mfu": o.mfu,
         "memory_peak_GiB": o.memory_peak_GiB, "ideal_days": o.days_to_train, **mean, "reason": "",
-    }  # fmt: skip
+    }, best.plan  # fmt: skip

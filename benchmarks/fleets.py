@@ -1,0 +1,89 @@
+"""The seeds' 1T dense model on every fleet of the catalogue: each fleet's best layout (`twin search`, time
+objective, batch 4M-64M tokens), its whole run (failures, checkpoints, elastic shrink), and a warm `twin predict`
+of that layout timed on one core — the issue's ≤ 0.2 s at 400k GPUs.
+
+Prints the table the README carries and writes benchmarks/results/fleets.json.
+Run: `python benchmarks/fleets.py [FLEET ...]` (every catalogue fleet by default; a few minutes per 100k fleet).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script: the repo root
+
+from plan import loader
+from twin import api
+from twin.step.predict import predict
+
+OUT = Path(__file__).parent / "results" / "fleets.json"
+MODEL = "dense-1t"
+TOKENS = "training.tokens=15e12"  # the reference plan's 15T tokens
+BATCH = (4e6, 64e6)  # the seeds' batch range (issue 15)
+SMALL = {"single-h100", "localhost-cpu", "gb200-nvl72"}
+"""Fleets too small to train a 1T model in a year (one GPU, a CPU host, one 576-GPU scalable unit)."""
+
+
+def warm_predict_s(plan: Any, repeats: int = 5) -> float:
+    predict(plan)
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        predict(plan)
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def main(names: list[str]) -> None:
+    fleets = names or [n for n in loader.cluster_names() if "/" not in n and n not in SMALL]
+    rows: list[dict[str, Any]] = []
+    for name in fleets:
+        t0 = time.perf_counter()
+        frame = api.compare_fleets(MODEL, [name], [TOKENS], batch_tokens=BATCH, seeds=2)
+        row = frame.to_dict(orient="records")[0]
+        row["search_s"] = time.perf_counter() - t0
+        if not row["reason"]:
+            plan = frame.attrs["plans"][name]
+            if hasattr(os, "sched_setaffinity"):  # time one core, as benchmarks/predict_speed.py does
+                cores = os.sched_getaffinity(0)
+                os.sched_setaffinity(0, {sorted(cores)[0]})
+                row["predict_s"] = warm_predict_s(plan)
+                os.sched_setaffinity(0, cores)
+            else:
+                row["predict_s"] = warm_predict_s(plan)
+        rows.append(row)
+        print(f"{name}: {row.get('layout') or row['reason']} ({row['search_s']:.0f} s)", flush=True)
+    show(rows)
+    OUT.parent.mkdir(exist_ok=True)
+    OUT.write_text(json.dumps({"model": MODEL, "batch_tokens": BATCH, "rows": rows}, indent=2, default=str) + "\n")
+    print(f"wrote {OUT}")
+
+
+def show(rows: list[dict[str, Any]]) -> None:
+    table = Table(title=f"{MODEL}, 15T tokens, batch 4M-64M tokens: each fleet at its best layout")
+    heads = ("fleet", "accelerator", "GPUs", "layout", "MFU", "days", "goodput", "$M", "GWh", "predict s")
+    for head in heads:
+        table.add_column(head)
+    print("| " + " | ".join(heads) + " |\n|" + "---|" * len(heads))
+    for r in sorted(rows, key=lambda r: r.get("wall_days") or float("inf")):
+        if r["reason"]:
+            cells = [r["cluster"], str(r.get("accelerator") or ""), "", "cannot run: " + r["reason"][:80]] + [""] * 6
+        else:
+            cells = [r["cluster"], r["accelerator"], f"{r['gpus']:,.0f}", r["layout"], f"{r['mfu']:.1%}",
+                     f"{r['wall_days']:.1f}", f"{r['goodput']:.1%}", f"{r['cost_usd'] / 1e6:,.0f}",
+                     f"{r['energy_mwh'] / 1e3:,.1f}", f"{r['predict_s']:.3f}"]  # fmt: skip
+        table.add_row(*cells)
+        print("| " + " | ".join(cells) + " |")
+    Console(width=200).print(table)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
