@@ -48,8 +48,9 @@ class Accelerator(Sourced):
 
     name: str
     """Product name, e.g. 'H100 SXM5 80GB'."""
-    kind: Literal["gpu", "tpu", "cpu"] = "gpu"
-    """Kind of device; a `cpu` device is a rank slot on host cores (executor runs on CPU machines)."""
+    kind: Literal["gpu", "tpu", "npu", "cpu"] = "gpu"
+    """Kind of device (npu: another compiler-fed matrix engine, e.g. Trainium); a `cpu` device is a rank slot on
+    host cores (executor runs on CPU machines)."""
     peak_tflops: dict[str, PositiveFloat]
     """Dense peak throughput per dtype (TFLOP/s), without structured sparsity."""
     sm_count: PositiveInt | None = None
