@@ -109,3 +109,12 @@ def test_a_400k_gpu_fleet_simulates_no_more_events_than_100k() -> None:
     assert big.world_size == 400_000 and big.events == small.events
     # more replicas only lengthen the DP collectives' latency terms: the step grows by well under 1%
     assert small.step_time_s < big.step_time_s < small.step_time_s * 1.01
+
+
+def test_show_takes_a_fleets_name_and_its_what_ifs() -> None:
+    out = CliRunner().invoke(app, ["show", "tpu-v7-ironwood", "--set", "nodes=4608", "--json"])
+    assert out.exit_code == 0, out.output
+    cluster = json.loads(out.stdout)["cluster"]
+    assert cluster["nodes"] == 4608 and cluster["stack"] == "maxtext-xla"  # two pods of 9,216 chips
+    bad = CliRunner().invoke(app, ["show", "tpu-v7-ironwood", "--set", "nodes=4000"])
+    assert bad.exit_code == 2 and "pod of 9216 chips" in bad.output

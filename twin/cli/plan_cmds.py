@@ -9,7 +9,7 @@ from rich.table import Table
 
 from plan import loader
 from plan.cluster import Cluster
-from plan.clusters import WhatIf
+from plan.clusters import WhatIf, load_cluster_what_if
 from plan.errors import PlanError
 from twin import api, fit
 from twin.cli.options import (
@@ -60,8 +60,17 @@ def validate(
 
 
 def show(plan: PlanArg, overrides: SetOpt = None, as_json: JsonOpt = False, limit: LimitOpt = None) -> None:
-    """Show the resolved plan and cluster, overrides applied (cluster what-ifs marked), with what follows."""
+    """Show the resolved plan and cluster, overrides applied (cluster what-ifs marked), with what follows; a
+    catalogue cluster's name shows that cluster alone (`--set PATH=value` what-ifs on its fields)."""
     limits = limits_from(limit)
+    if plan in loader.cluster_names() and plan not in loader.plan_presets():
+        pairs = [loader.parse_override(item, limits) for item in overrides or []]
+        cluster, what_if = load_cluster_what_if(plan, {".".join(path): value for path, value in pairs})
+        if as_json:
+            emit_json({"cluster": cluster.model_dump(mode="json", exclude_none=True)})
+        else:
+            console.print(cluster_table(cluster, what_if))
+        return
     p = api.load_plan(plan, overrides or [], limits)
     facts = api.facts(p, fabric=True, limits=limits)
     cluster, what_if = api.cluster_what_if(p)
