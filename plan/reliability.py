@@ -75,7 +75,8 @@ class Reliability(UserSection):
     elastic: bool = False
     """When no replacement node is left, shrink data parallelism and go on, instead of waiting for repairs."""
     fence_after: PositiveInt = 3
-    """A node's own failures after which it is fenced off for good instead of returning after repair (count)."""
+    """A node's own failures after which it is fenced off for good instead of returning after repair (count, per
+    8-accelerator server's worth of the node: an NVL72 rack takes 9 times as many)."""
     failure_rates: dict[str, float] | None = None
     """Overrides of the cluster's failure rates: component -> failures per node-day."""
     checkpoint_every_steps: NonNegativeInt = 0

@@ -26,6 +26,10 @@ SDC_LATENCY_S = 6 * 3600.0
 """Assumption: without periodic checks, a silent corruption surfaces as a loss spike or divergence hours later
 (Llama 3 §3.3.4 and Dixit et al. 2021 describe SDC found through training anomalies; no published latency)."""
 
+FENCE_UNIT_GPUS = 8
+"""Accelerators of the server `reliability.fence_after` counts failures of: the 8-GPU server Llama 3's failure
+rates are per (Dubey et al. 2024, Table 5), which the catalogue's larger nodes rescale (x 9 for an NVL72 rack)."""
+
 STRAGGLER_WINDOW_STEPS = 20
 """Steps a slow node runs before it is quarantined. Assumption: the executor flags a rank on any step 20% slower
 than its cohort's median (executor/telemetry.py), and a policy waits for it to persist this long before evicting."""
@@ -320,8 +324,12 @@ class RunSim:
         unless its own repeated failures get it fenced off for good."""
         if node is not None:
             self.node_failures[node] += 1
-            if self.node_failures[node] >= self.policy.fence_after:
+            # a node of many servers' worth (an NVL72 rack, a Trn2 UltraServer) fails that many times as often, one
+            # tray at a time: it is fenced after as many failures per 8-accelerator server as a server would be
+            servers = max(1, self.s.cluster.node.gpus // FENCE_UNIT_GPUS)
+            if self.node_failures[node] >= self.policy.fence_after * servers:
                 self.fenced += 1
+                self.node_failures[node] = 0  # its place in the job is taken by another node, with no failures
                 self.log("fenced", node=node)
                 return
         self.repairing += 1
