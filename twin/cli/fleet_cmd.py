@@ -95,11 +95,15 @@ def _table(source: str, frame: pd.DataFrame) -> Table:
     for head in heads:
         table.add_column(head, justify="left" if head in ("fleet", "accelerator", "layout") else "right")
     for r in frame.to_dict(orient="records"):
-        if r["reason"]:
+        if not isinstance(r["layout"], str):  # no layout fits (or the fleet is unknown)
             accelerator = r["accelerator"] if isinstance(r["accelerator"], str) else ""
             table.add_row(r["cluster"], accelerator, "", "cannot run", *[""] * 7)
             continue
-        table.add_row(r["cluster"], r["accelerator"], f"{r['gpus']:,.0f} of {r['fleet_gpus']:,.0f}", r["layout"],
-                      f"{r['step_time_s']:.2f}", f"{r['mfu']:.1%}", f"{r['ideal_days']:.1f}", f"{r['wall_days']:.1f}",
-                      f"{r['goodput']:.1%}", f"{r['cost_usd'] / 1e6:,.2f}", f"{r['energy_mwh']:,.0f}")  # fmt: skip
+        gpus = f"{r['gpus']:,.0f} of {r['fleet_gpus']:,.0f}"
+        step = [gpus, r["layout"], f"{r['step_time_s']:.2f}", f"{r['mfu']:.1%}", f"{r['ideal_days']:.1f}"]
+        if r["reason"]:  # the step stands, the whole run does not finish
+            table.add_row(r["cluster"], r["accelerator"], *step, "cannot finish", "", "", "")
+            continue
+        table.add_row(r["cluster"], r["accelerator"], *step, f"{r['wall_days']:.1f}", f"{r['goodput']:.1%}",
+                      f"{r['cost_usd'] / 1e6:,.2f}", f"{r['energy_mwh']:,.0f}")  # fmt: skip
     return table

@@ -248,7 +248,9 @@ def fleet_table(frame: pd.DataFrame) -> pd.DataFrame:
             "reason": "why it cannot run",
         }
     )
-    return shown.sort_values("days (whole run)", na_position="last").drop(columns=["memory_peak_GiB", "batch_tokens"])
+    shown = shown.sort_values("days (whole run)", na_position="last").drop(columns=["memory_peak_GiB", "batch_tokens"])
+    shown.attrs = {}  # the best plans ride in attrs; a table shows figures (Arrow cannot serialise a Plan)
+    return shown
 
 
 def fleet_bars(frame: pd.DataFrame) -> go.Figure:

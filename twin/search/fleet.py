@@ -45,7 +45,8 @@ def compare(
 ) -> pd.DataFrame:
     """A row per fleet in `clusters`: the best layout of `source` (a model preset or a plan) on it by `objective`,
     and that layout's whole run over `seeds` seeds (mean wall days, goodput, cost, energy). A fleet where nothing
-    fits gets a row with the reason. `progress(cluster, tally)` follows each search. The best plans themselves are
+    fits gets a row with the reason; one whose best layout's whole run cannot finish keeps its step figures and
+    says why its run does not. `progress(cluster, tally)` follows each search. The best plans themselves are
     in the frame's `attrs["plans"]`, by fleet."""
     if not clusters:
         raise PlanError("fleet: name at least one cluster to compare (twin presets lists them)")
@@ -73,7 +74,7 @@ def compare(
             row["reason"] = str(exc)
         rows.append(row)
     frame = pd.DataFrame(rows, columns=list(FLEET_COLUMNS)).fillna({"reason": ""})
-    frame.attrs["plans"] = {name: plan for name, plan in plans.items() if plan is not None}
+    frame.attrs["plans"] = {name: plan for name, plan in plans.items() if plan is not None}  # run or not
     return frame
 
 
@@ -109,14 +110,22 @@ def _best_run(
         return {"reason": f"no layout fits {name}: {t.shapes:,} seen, {t.over_memory:,} over memory, "
                           f"{t.invalid:,} invalid"}, None  # fmt: skip
     best = result.top[0]
+    o = best.outcome
+    row = {
+        "gpus": best.shape.gpus, "layout": best.label, "stack": best.plan.stack.name,
+        "batch_tokens": best.plan.tokens_per_step, "step_time_s": o.step_time_s, "mfu": o.mfu,
+        "memory_peak_GiB": o.memory_peak_GiB, "ideal_days": o.days_to_train, "reason": "",
+    }  # fmt: skip
     # the search kept the step within `limits`; its whole run predicts that step up to four times over (twin/
     # budget.py), so the run may take that multiple rather than refuse the fleet's best layout
     actions = run_step_actions(best.plan, loader.plan_cluster(best.plan))
-    runs = api.simulate_runs(best.plan, seeds, limits=replace(limits, step_actions=max(limits.step_actions, actions)))
-    mean = {key: runs.stats[key]["mean"] for key in ("wall_days", "goodput", "cost_usd", "energy_mwh")}
-    o = best.outcome
+    try:
+        runs = api.simulate_runs(
+            best.plan, seeds, limits=replace(limits, step_actions=max(limits.step_actions, actions))
+        )
+    except PlanError as exc:  # the step stands; the run cannot finish (failures outpace recovery, say)
+        return {**row, "reason": f"whole run: {exc}"}, best.plan
     return {
-        "gpus": best.shape.gpus, "layout": best.label, "stack": best.plan.stack.name,
-        "batch_tokens": best.plan.tokens_per_step, "step_time_s": o.step_time_s, "mfu": o.mfu,
-        "memory_peak_GiB": o.memory_peak_GiB, "ideal_days": o.days_to_train, **mean, "reason": "",
-    }, best.plan  # fmt: skip
+        **row,
+        **{key: runs.stats[key]["mean"] for key in ("wall_days", "goodput", "cost_usd", "energy_mwh")},
+    }, best.plan
