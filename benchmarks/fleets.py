@@ -20,6 +20,7 @@ from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script: the repo root
 
+from benchmarks.predict_speed import best_of
 from twin import api
 from twin.step.predict import predict
 
@@ -35,14 +36,17 @@ FLEETS = (
 years, and its whole run draws a failure every few hours for all of them."""
 
 
-def warm_predict_s(plan: Any, repeats: int = 5) -> float:
-    predict(plan)
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        predict(plan)
-        best = min(best, time.perf_counter() - t0)
-    return best
+def one_core_predict_s(plan: Any) -> float:
+    """The best of 5 warm `predict`s on one core, as benchmarks/predict_speed.py times them."""
+    cores = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
+    if cores:
+        os.sched_setaffinity(0, {min(cores)})
+    try:
+        predict(plan)  # warm: caches and imports
+        return best_of(plan)[0]
+    finally:
+        if cores:
+            os.sched_setaffinity(0, cores)
 
 
 def main(names: list[str]) -> None:
@@ -55,13 +59,7 @@ def main(names: list[str]) -> None:
         row["search_s"] = time.perf_counter() - t0
         plan = frame.attrs["plans"].get(name)
         if plan is not None:
-            if hasattr(os, "sched_setaffinity"):  # time one core, as benchmarks/predict_speed.py does
-                cores = os.sched_getaffinity(0)
-                os.sched_setaffinity(0, {sorted(cores)[0]})
-                row["predict_s"] = warm_predict_s(plan)
-                os.sched_setaffinity(0, cores)
-            else:
-                row["predict_s"] = warm_predict_s(plan)
+            row["predict_s"] = one_core_predict_s(plan)
         rows.append(row)
         print(f"{name}: {row.get('layout') or row['reason']} ({row['search_s']:.0f} s)", flush=True)
     show(rows)

@@ -14,7 +14,7 @@ from plan.errors import PlanError
 from plan.files import parse_override, read_yaml, yaml_value
 from plan.limits import Limits
 from twin import api, fit
-from twin.budget import check_step, run_step_actions, step_actions
+from twin.budget import check_step, run_limits, run_step_actions, step_actions
 from twin.run import summary
 from twin.run.budget import outlook
 from twin.run.sim import RunSim
@@ -191,3 +191,30 @@ def test_seeds_are_checked_before_any_run() -> None:
         api.simulate_runs("cpu-tiny", 5000)
     with pytest.raises(PlanError, match="--limit runs=2000"):
         api.simulate_runs("cpu-tiny", range(2000))
+
+
+def test_a_fenced_node_leaves_once_and_a_rack_is_fenced_per_server_of_it() -> None:
+    """fence_after counts one physical node's failures: once fenced, the next node in its place starts at none (a
+    slot's count once kept growing, fencing "2,369 of 512 racks"); an NVL72 rack, nine servers' worth of GPUs that
+    fail nine times as often, is fenced after nine times as many."""
+    for cluster, per_fence in (("reference-100k-h100", 3), ("gb300-nvl72-fleet", 27)):
+        plan = loader.load("reference-100k", [f"cluster={cluster}", "layout.dp=32", "training.global_batch=1024"])
+        sim = RunSim(summary.setup(plan), 0)
+        for _ in range(2 * per_fence):
+            next(sim.repair(5), None)  # one failure of the node in the job's slot 5 (a repair it may not return from)
+        assert sim.fenced == 2, cluster
+
+
+def test_a_step_within_the_limits_has_its_whole_run_allowed_the_runs_multiple() -> None:
+    """A layout a search kept (its step within the limits) is not refused its whole run, which predicts the step
+    up to four times over: what the fleet comparison and the goodput re-rank run under."""
+    plan = loader.load("llama3-405b-16k", ["reliability.elastic=true"])
+    cluster = loader.plan_cluster(plan)
+    tight = Limits(step_actions=step_actions(plan))
+    check_step(plan, tight)  # the step passes
+    assert run_step_actions(plan, cluster) > tight.step_actions
+    with pytest.raises(PlanError, match="step_actions"):
+        api.simulate_runs(plan, 1, limits=tight)
+    widened = run_limits(plan, cluster, tight)
+    assert widened.step_actions == run_step_actions(plan, cluster)
+    assert api.simulate_runs(plan, 1, limits=widened).runs

@@ -34,7 +34,8 @@ import yaml
 
 from plan import loader
 from plan.cluster import Cluster
-from plan.clusters import WhatIf, load_cluster_what_if
+from plan.clusters import WhatIf
+from plan.clusters import load_cluster_what_if as _cluster_what_if
 from plan.limits import DEFAULT_LIMITS, Limits
 from plan.loader import PlanError
 from plan.model_math import model_flops_per_token, param_count
@@ -91,16 +92,23 @@ def cluster_what_if(plan: PlanLike) -> tuple[Cluster, WhatIf]:
     """The cluster a plan runs on and what its what-if overrides changed (the fields they set, and those that
     followed, such as the outermost tier grown with `nodes`)."""
     ref = load_plan(plan).cluster
-    return load_cluster_what_if(ref.name, ref.overrides)
+    return _cluster_what_if(ref.name, ref.overrides)
 
 
 def load_cluster(name: str, overrides: Mapping[str, Any] | Iterable[str] = ()) -> Cluster:
     """A catalogue cluster (or cluster file) with what-if overrides: a mapping of dotted paths to values, or
     `path=value` strings as `--set cluster.PATH=value` takes them (e.g. "nodes=560")."""
-    if not isinstance(overrides, Mapping):
-        pairs = [loader.parse_override(item) for item in overrides]
-        overrides = {".".join(path): value for path, value in pairs}
     return load_cluster_what_if(name, overrides)[0]
+
+
+def load_cluster_what_if(
+    name: str, overrides: Mapping[str, Any] | Iterable[str] = (), limits: Limits = DEFAULT_LIMITS
+) -> tuple[Cluster, WhatIf]:
+    """`load_cluster`, and what its what-ifs changed (the fields they set, and those that followed)."""
+    if not isinstance(overrides, Mapping):
+        pairs = [loader.parse_override(item, limits) for item in overrides]
+        overrides = {".".join(path): value for path, value in pairs}
+    return _cluster_what_if(name, overrides)
 
 
 def facts(plan: PlanLike, fabric: bool = False, limits: Limits = DEFAULT_LIMITS) -> dict[str, Any]:

@@ -9,6 +9,8 @@ step with a node outside the job's rail group, and for an elastic run the step a
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from plan.cluster import Cluster
 from plan.limits import Limits, over
 from plan.schema import Plan
@@ -58,3 +60,10 @@ def check_step(plan: Plan, limits: Limits, actions: int | None = None) -> None:
             limits,
             "lower training.global_batch or raise layout.microbatch_size or layout.dp (fewer microbatches per replica)",
         )
+
+
+def run_limits(plan: Plan, cluster: Cluster, limits: Limits) -> Limits:
+    """`limits` for the whole run of a plan whose step already passed them (a search's candidate): the run predicts
+    that step up to four times over (run_step_actions), so its step-action cap takes that multiple instead of
+    refusing a layout the search kept."""
+    return replace(limits, step_actions=max(limits.step_actions, run_step_actions(plan, cluster)))

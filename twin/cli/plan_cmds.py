@@ -9,7 +9,7 @@ from rich.table import Table
 
 from plan import loader
 from plan.cluster import Cluster
-from plan.clusters import WhatIf, load_cluster_what_if
+from plan.clusters import WhatIf
 from plan.errors import PlanError
 from twin import api, fit
 from twin.cli.options import (
@@ -64,8 +64,7 @@ def show(plan: PlanArg, overrides: SetOpt = None, as_json: JsonOpt = False, limi
     catalogue cluster's name shows that cluster alone (`--set PATH=value` what-ifs on its fields)."""
     limits = limits_from(limit)
     if plan in loader.cluster_names() and plan not in loader.plan_presets():
-        pairs = [loader.parse_override(item, limits) for item in overrides or []]
-        cluster, what_if = load_cluster_what_if(plan, {".".join(path): value for path, value in pairs})
+        cluster, what_if = api.load_cluster_what_if(plan, overrides or [], limits)
         if as_json:
             emit_json({"cluster": cluster.model_dump(mode="json", exclude_none=True)})
         else:

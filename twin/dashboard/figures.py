@@ -243,11 +243,12 @@ def fleet_table(frame: pd.DataFrame) -> pd.DataFrame:
             "mfu": "MFU",
             "ideal_days": "days (no failures)",
             "wall_days": "days (whole run)",
-            "cost_usd": "cost ($)",
+            "cost_usd": "cost ($M)",
             "energy_mwh": "energy (MWh)",
             "reason": "why it cannot run",
         }
     )
+    shown["cost ($M)"] = shown["cost ($M)"] / 1e6  # as the search's table prints cost
     shown = shown.sort_values("days (whole run)", na_position="last").drop(columns=["memory_peak_GiB", "batch_tokens"])
     shown.attrs = {}  # the best plans ride in attrs; a table shows figures (Arrow cannot serialise a Plan)
     return shown

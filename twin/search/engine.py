@@ -19,8 +19,10 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from plan import loader
+from plan.limits import DEFAULT_LIMITS
 from plan.model_math import model_flops_per_token
 from plan.schema import Plan
+from twin.budget import run_limits
 from twin.search.evaluate import Bounds, Outcome, build, knobs_from, memory_of, shape_from, simulate
 from twin.search.space import Knobs, Shape, Space, knobs, neutral, plan_data, restrict, shapes
 from twin.step.compute import Device
@@ -242,7 +244,8 @@ def _by_goodput(top: list[Candidate], seeds: int) -> list[Candidate]:
 
     out = []
     for cand in top:
-        runs = api.simulate_runs(cand.plan, seeds)
+        limits = run_limits(cand.plan, loader.plan_cluster(cand.plan), DEFAULT_LIMITS)
+        runs = api.simulate_runs(cand.plan, seeds, limits=limits)
         wall = runs.stats["wall_days"]["mean"]
         out.append(replace(cand, run_wall_days=wall, objective=wall))
     return sorted(out, key=lambda c: c.objective)

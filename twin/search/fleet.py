@@ -9,7 +9,6 @@ A fleet is compared at its own best layout, not at one layout carried over: a 9,
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import replace
 from typing import Any
 
 import pandas as pd
@@ -18,7 +17,7 @@ from plan import loader
 from plan.errors import PlanError
 from plan.limits import DEFAULT_LIMITS, Limits
 from plan.schema import Plan
-from twin.budget import run_step_actions
+from twin.budget import run_limits
 from twin.search import front
 from twin.search.engine import Tally
 
@@ -50,13 +49,7 @@ def compare(
     in the frame's `attrs["plans"]`, by fleet."""
     if not clusters:
         raise PlanError("fleet: name at least one cluster to compare (twin presets lists them)")
-    overrides = list(overrides)
-    if (
-        isinstance(source, str)
-        and source in loader.model_presets()
-        and not any(o.startswith("reliability.elastic") for o in overrides)
-    ):
-        overrides.append("reliability.elastic=true")  # see ELASTIC_BY_DEFAULT
+    overrides = _with_policy(source, list(overrides))
     rows, plans = [], {}
     for name in clusters:
         report = (lambda t, n=name: progress(n, t)) if progress else None
@@ -78,11 +71,15 @@ def compare(
     return frame
 
 
-ELASTIC_BY_DEFAULT = True
-"""A model compared across fleets runs under elastic shrink unless `reliability.elastic` is set: the job drops a
-failed node's data-parallel replicas and grows back when it returns, as the reference plan does. Without spares a
-gang-scheduled job waits out every repair (48 h in the catalogue's failure sections), which at 100k GPUs leaves
-no fleet any goodput to compare. A plan keeps its own policy."""
+def _with_policy(source: str | Mapping[str, Any], overrides: list[str]) -> list[str]:
+    """A model compared across fleets runs under elastic shrink unless `reliability.elastic` is set: the job drops a
+    failed node's data-parallel replicas and grows back when it returns, as the reference plan does. Without spares
+    a gang-scheduled job waits out every repair (48 h in the catalogue's failure sections), which at 100k GPUs
+    leaves no fleet any goodput to compare. A plan keeps its own policy."""
+    model = isinstance(source, str) and source in loader.model_presets()
+    if model and not any(o.startswith("reliability.elastic") for o in overrides):
+        return [*overrides, "reliability.elastic=true"]
+    return overrides
 
 
 def _best_run(
@@ -103,8 +100,10 @@ def _best_run(
     from twin import api
 
     most = min(gpus, fleet_gpus) if isinstance(gpus, int | float) else gpus or fleet_gpus
-    result, _ = front.run(source, name, overrides, most, batch_tokens, objective, 1, fixes, workers, progress, 1,
-                          limits)  # fmt: skip
+    result, _ = front.run(
+        source, name, overrides, gpus=most, batch_tokens=batch_tokens, objective=objective, top=1, fixes=fixes,
+        workers=workers, progress=progress, seeds=1, limits=limits,
+    )  # fmt: skip
     if not result.top:
         t = result.tally
         return {"reason": f"no layout fits {name}: {t.shapes:,} seen, {t.over_memory:,} over memory, "
@@ -116,13 +115,8 @@ def _best_run(
         "batch_tokens": best.plan.tokens_per_step, "step_time_s": o.step_time_s, "mfu": o.mfu,
         "memory_peak_GiB": o.memory_peak_GiB, "ideal_days": o.days_to_train, "reason": "",
     }  # fmt: skip
-    # the search kept the step within `limits`; its whole run predicts that step up to four times over (twin/
-    # budget.py), so the run may take that multiple rather than refuse the fleet's best layout
-    actions = run_step_actions(best.plan, loader.plan_cluster(best.plan))
     try:
-        runs = api.simulate_runs(
-            best.plan, seeds, limits=replace(limits, step_actions=max(limits.step_actions, actions))
-        )
+        runs = api.simulate_runs(best.plan, seeds, limits=run_limits(best.plan, loader.plan_cluster(best.plan), limits))
     except PlanError as exc:  # the step stands; the run cannot finish (failures outpace recovery, say)
         return {**row, "reason": f"whole run: {exc}"}, best.plan
     return {

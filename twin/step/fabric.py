@@ -216,18 +216,18 @@ class Fabric:
         over the data-centre network, each member on its own host's share of DCN bandwidth (MaxText multislice:
         reduce-scatter over ICI, the DCN all-reduce of 1/m of the data, all-gather over ICI)."""
         pod = self.cluster.pod_chips
-        pods = np.unique(arr // pod)  # few: a pod holds thousands of chips
-        inner = self._pod_span(arr[arr // pod == pods[0]] % pod)
-        if len(pods) == 1:
+        pods = _distinct(arr // pod)
+        inner = self._pod_span(arr[arr // pod == arr[0] // pod] % pod)
+        if pods == 1:
             return inner
-        m = len(arr) // len(pods)
+        m = len(arr) // pods
         level = self._level(self.node_of(arr))
         dcn = self.tiers[level]
         inter = m * dcn.busbw_Bps / self._crowding(arr, dcn)
         return GroupSpan(
             size=len(arr),
             per_node=m,
-            nodes=len(pods),
+            nodes=pods,
             level=level,
             tier=dcn.name,
             intra_busbw_Bps=inner.busbw_Bps,
