@@ -6,7 +6,8 @@ import simpy
 from plan import loader
 from twin.calibrate.fit import with_fields
 from twin.step.host import HostSharing, SharedCores
-from twin.step.pipeline import ActionCost, PipelineInput, PipelineResult, simulate
+from twin.step.pipeline import simulate
+from twin.step.pipeline_data import ActionCost, PipelineInput, PipelineResult
 from twin.step.predict import predict
 from twin.step.schedules import build
 

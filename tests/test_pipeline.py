@@ -6,7 +6,8 @@ from collections import Counter
 
 import pytest
 
-from twin.step.pipeline import ActionCost, PipelineInput, simulate
+from twin.step.pipeline import simulate
+from twin.step.pipeline_data import ActionCost, PipelineInput
 from twin.step.schedules import build, peak_live, splits_weight_grad, stage_rank
 
 SCHEDULES = [("gpipe", 1), ("1f1b", 1), ("interleaved-1f1b", 2), ("zb-h1", 1), ("zbv", 2), ("dualpipe-v", 2)]

@@ -20,8 +20,9 @@ from twin.step.steady import sample_counts
 
 def step_actions(plan: Plan) -> int:
     """Pipeline actions of one simulated step: pp · virtual_stages stages × microbatches × passes (F and B, and W
-    where the schedule splits the weight gradients off); a long step simulates three short ones instead
-    (twin/step/steady.py), which count."""
+    where the schedule splits the weight gradients off); a long step of GPipe or 1F1B simulates three short ones
+    instead (twin/step/steady.py), which count. A zero-bubble step counts whole: it stops early only once its
+    events repeat, which no plan-level figure foretells."""
     lay = plan.layout
     passes = 3 if schedules.splits_weight_grad(lay.schedule) else 2
     counts = sample_counts(lay.schedule, lay.pp, plan.num_microbatches)

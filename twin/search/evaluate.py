@@ -27,7 +27,7 @@ from twin.step.costs import NORM_REDUCTION_BYTES, layer_costs, optimizer_s
 from twin.step.fabric import Fabric
 from twin.step.kernels import embedding_cost, head_cost
 from twin.step.memory import stage_layer_ranges
-from twin.step.pipeline import PipelineInput
+from twin.step.pipeline_data import PipelineInput
 from twin.step.predict import predict, rank_memory, straggler_factor
 
 

@@ -11,7 +11,7 @@ from twin.step.context import StepContext, shape_of
 from twin.step.host import HostSharing
 from twin.step.kernels import PassCost, embedding_cost, head_cost, layer_cost
 from twin.step.memory import stage_layer_ranges, stage_params
-from twin.step.pipeline import ActionCost
+from twin.step.pipeline_data import ActionCost
 
 NORM_REDUCTION_BYTES = 8
 """The global gradient norm is one fp64 all-reduce over the whole job each step (Megatron and torchtitan clip by

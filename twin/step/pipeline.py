@@ -1,8 +1,9 @@
 """One optimizer step of one pipeline replica, simulated in SimPy.
 
 Each pipeline rank is a process that runs its schedule's actions in order, waiting for the activation (or the
-gradient) its action needs. A cross-rank send is a process that holds the link between the two ranks in that
-direction for the message's time, so sends queue when they contend. Data-parallel gradient buckets become ready
+gradient) its action needs. A cross-rank send holds the link between the two ranks in that direction for the
+message's time, so sends queue when they contend (a timed event behind the link's previous message; a process
+holding a SimPy resource on a CPU host). Data-parallel gradient buckets become ready
 as each stage's final backward runs and queue on the rank's data-parallel link, overlapping the backward; what is
 left after the rank's last computation is exposed. Time a rank spends waiting is pipeline communication while the
 message it waits for is on the wire (or queued for it), and bubble otherwise. Every rank then joins the job-wide
@@ -14,127 +15,13 @@ processes for workers, resources for shared links; records collected in lists, t
 from __future__ import annotations
 
 from collections.abc import Generator, Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 import simpy
 
-from twin.step.host import HostSharing, SharedCores
+from twin.step.host import SharedCores
+from twin.step.pipeline_data import COMPONENTS, ActionCost, PipelineInput, PipelineResult, RankTimes, Slice
 from twin.step.schedules import Action
-
-COMPONENTS = ("compute", "recompute", "tp", "cp", "ep", "dp")
-
-
-@dataclass(frozen=True)
-class ActionCost:
-    """Seconds one action takes on its rank, by what the time is spent on (communication here is exposed)."""
-
-    compute: float = 0.0
-    recompute: float = 0.0
-    tp: float = 0.0
-    cp: float = 0.0
-    ep: float = 0.0
-    dp: float = 0.0
-
-    @property
-    def total(self) -> float:
-        return self.compute + self.recompute + self.tp + self.cp + self.ep + self.dp
-
-
-@dataclass(frozen=True)
-class PipelineInput:
-    """Everything the simulation needs; costs are per (kind, stage) and the same for every microbatch."""
-
-    orders: tuple[tuple[Action, ...], ...]
-    stage_rank: tuple[int, ...]
-    costs: Mapping[tuple[str, int], ActionCost]
-    p2p_s: Mapping[tuple[int, int], float]
-    """Seconds to send one microbatch's activation (or its gradient) from stage a to stage b."""
-    split_w: bool
-    dp_stage_s: Mapping[int, float] = field(default_factory=dict)
-    """Seconds of data-parallel gradient reduction of each stage's weights, overlapped with its final backward."""
-    gather_stage_s: Mapping[int, float] = field(default_factory=dict)
-    """Seconds of ZeRO-3 parameter gathering of each stage before its first forward (pipelined FSDP)."""
-    optimizer_s: Mapping[int, float] = field(default_factory=dict)
-    """Seconds of the optimizer step on each rank."""
-    barrier_s: float = 0.0
-    """Seconds of the job-wide all-reduce every rank joins between its gradient reduction and its optimizer step
-    (the gradient norm for clipping): a barrier, so a rank done early waits there for the slowest."""
-    buckets: int = 4
-    """Gradient buckets per stage (Megatron's default bucket is 40M parameters; a handful per stage)."""
-    dp_overlap: float = 1.0
-    """Share of each stage's gradient reduction that is bucketed under its final backward; the rest runs after
-    the rank's last computation."""
-    host: HostSharing | None = None
-    """Ranks share host cores (CPU clusters): actions are work at full speed, slowed by the busy ranks."""
-    blocking_sends: bool = False
-    """A rank waits for its own send to reach the next stage before going on (blocking p2p, Megatron 2021); else
-    sends run beside its next action (asynchronous p2p)."""
-    overlap_costs: Mapping[tuple[str, int], ActionCost] = field(default_factory=dict)
-    """Costs of actions run as one half of an overlapped forward-backward pair (DualPipe), where they differ."""
-
-    def cost(self, a: Action) -> ActionCost:
-        """What action `a` costs: its overlapped cost when it runs in an overlapped pair and has one."""
-        key = (a.kind, a.stage)
-        return self.overlap_costs.get(key, self.costs[key]) if a.overlap else self.costs[key]
-
-
-@dataclass(frozen=True)
-class Slice:
-    """One action as it ran (kind F, B, W; track "compute"), the exposed communication inside or around it (TP, CP,
-    EP, DP, PP; track "comm"), or the step's end on a rank (barrier, optimizer; stage and microbatch -1)."""
-
-    rank: int
-    stage: int
-    kind: str
-    microbatch: int
-    start: float
-    end: float
-    track: str = "compute"
-
-
-@dataclass
-class RankTimes:
-    """Where one rank's step went (seconds)."""
-
-    compute: float = 0.0
-    recompute: float = 0.0
-    tp: float = 0.0
-    cp: float = 0.0
-    ep: float = 0.0
-    dp: float = 0.0
-    pp: float = 0.0
-    forward: float = 0.0
-    """Of `compute`, what forward actions took."""
-    bubble: float = 0.0
-    optimizer: float = 0.0
-    end: float = 0.0
-
-    def phases(self) -> dict[str, float]:
-        """These times in the executor's record vocabulary (plan.records.PHASES): backward holds the recompute."""
-        return {
-            "forward": self.forward,
-            "backward": self.compute - self.forward + self.recompute,
-            "optimizer": self.optimizer,
-            "comm_tp": self.tp,
-            "comm_cp": self.cp,
-            "comm_ep": self.ep,
-            "comm_pp": self.pp,
-            "comm_dp": self.dp,
-            "bubble": self.bubble,
-        }
-
-
-@dataclass(frozen=True)
-class PipelineResult:
-    step_s: float
-    ranks: tuple[RankTimes, ...]
-    slices: tuple[Slice, ...]
-    events: int
-    """SimPy events the simulation scheduled."""
-    extended_from: int | None = None
-    """Microbatches of the simulation whose steady state was extended to this step's (twin/step/steady.py); its
-    timeline is that simulation's. None: every microbatch simulated."""
 
 
 class _Sim:
@@ -144,7 +31,9 @@ class _Sim:
         self.done: dict[tuple[str, int, int], simpy.Event] = {}
         self.arrived: dict[tuple[str, int, int], simpy.Event] = {}
         self.sent_at: dict[tuple[str, int, int], float] = {}
+        self.arrived_at: dict[tuple[str, int, int], float] = {}
         self.links: dict[tuple[int, int], simpy.Resource] = {}
+        self.link_free: dict[tuple[int, int], float] = {}
         self.dp_link = [simpy.Resource(self.env, capacity=1) for _ in inp.orders]
         self.gathered: dict[int, simpy.Event] = {}
         self.pending_dp: list[list[simpy.Event]] = [[] for _ in inp.orders]
@@ -153,6 +42,7 @@ class _Sim:
         self.events = 0
         self.last_stage = len(inp.stage_rank) - 1
         self.final_grad = self._final_grad_actions()
+        self.awaited_here = self._awaited_on_own_rank()
         self.arrived_ranks = 0
         self.barrier = self.env.event()
         self.pools: list[SharedCores] = []
@@ -191,6 +81,13 @@ class _Sim:
                     last[a.stage] = a
         return set(last.values())
 
+    def _awaited_on_own_rank(self) -> set[tuple[str, int]]:
+        """(kind, stage) of the actions whose result the next stage takes on the same rank (the turn of a "V"), the
+        only ones whose end is an event someone waits for."""
+        ranks, last = self.inp.stage_rank, self.last_stage
+        forward = {("F", s) for s in range(last) if ranks[s + 1] == ranks[s]}
+        return forward | {("B", s) for s in range(1, last + 1) if ranks[s - 1] == ranks[s]}
+
     def event(self, table: dict[Any, simpy.Event], key: Any) -> simpy.Event:
         if key not in table:
             table[key] = self.env.event()
@@ -201,18 +98,19 @@ class _Sim:
         self.events += 1
         return self.env.timeout(max(0.0, seconds))
 
-    def run(self) -> PipelineResult:
+    def start(self) -> None:
         for stage in self.inp.gather_stage_s:
             self.event(self.gathered, stage)
         for rank in range(len(self.inp.orders)):
             if self.inp.gather_stage_s:
                 self.env.process(self.gather(rank))
             self.env.process(self.rank(rank))
-        self.env.run()
+
+    def result(self) -> PipelineResult:
         step = max(t.end for t in self.times)
         for t in self.times:  # a rank that finishes early idles until the slowest one is done
             t.bubble += step - t.end
-        return PipelineResult(step, tuple(self.times), tuple(self.slices), self.events)
+        return PipelineResult(step, tuple(self.times), tuple(self.slices), self.events, arrivals=self.arrived_at)
 
     def dependency(self, a: Action, rank: int) -> tuple[str, int, int] | None:
         """The result `a` waits for from another stage, keyed as (kind, stage it feeds, microbatch)."""
@@ -261,7 +159,8 @@ class _Sim:
             at = self.env.now - (cost.tp + cost.cp + cost.ep + cost.dp)  # an action's exposed collectives end it
             for axis in ("tp", "cp", "ep", "dp"):
                 at = self.mark(rank, axis.upper(), at, at + getattr(cost, axis), a)
-            self.event(self.done, (a.kind, a.stage, a.microbatch)).succeed()
+            if (a.kind, a.stage) in self.awaited_here:
+                self.event(self.done, (a.kind, a.stage, a.microbatch)).succeed()
             sent = self.send(a, rank)
             if sent is not None and self.inp.blocking_sends:
                 t0 = self.env.now
@@ -328,7 +227,7 @@ class _Sim:
         if a.kind == "F":
             times.forward += cost.compute * work_stretch
 
-    def send(self, a: Action, rank: int) -> simpy.Process | None:
+    def send(self, a: Action, rank: int) -> simpy.Event | None:
         """Start sending what `a` produced to the stage that needs it; the transfer, or None if none is needed."""
         if a.kind == "F" and a.stage < self.last_stage:
             target = a.stage + 1
@@ -341,7 +240,23 @@ class _Sim:
             return None
         key = (a.kind, target, a.microbatch)
         self.sent_at[key] = self.env.now
-        return self.env.process(self.transfer(rank, dst, key, self.inp.p2p_s[(a.stage, target)]))
+        seconds = self.inp.p2p_s[(a.stage, target)]
+        if self.pools:
+            return self.env.process(self.transfer(rank, dst, key, seconds))
+        # Only this rank sends on the link, one message after another in its order, so the link's queue is a
+        # running maximum: a SimPy resource and a process per message cost half the step's simulation for the same
+        # times. On a CPU host (above) the receiver's share of the cores makes a transfer's length depend on when
+        # it runs, so it stays a process.
+        end = max(self.env.now, self.link_free.get((rank, dst), 0.0)) + seconds
+        self.link_free[(rank, dst)] = self.arrived_at[key] = end
+        wire = self.timeout(end - self.env.now)
+        arrived = self.event(self.arrived, key)
+
+        def arrive(_: simpy.Event) -> None:
+            arrived.succeed()
+
+        wire.callbacks.append(arrive)
+        return wire
 
     def transfer(self, src: int, dst: int, key: tuple[str, int, int], seconds: float) -> Generator[Any, Any, None]:
         link = self.links.setdefault((src, dst), simpy.Resource(self.env, capacity=1))
@@ -349,6 +264,7 @@ class _Sim:
             yield req
             # On a CPU host the receiver needs a core to take the message in: it waits for its share
             yield self.work(dst, seconds)
+        self.arrived_at[key] = self.env.now
         self.event(self.arrived, key).succeed()
 
     def launch_buckets(self, rank: int, stage: int, start: float, duration: float) -> None:
@@ -384,4 +300,37 @@ class _Sim:
 
 def simulate(inp: PipelineInput) -> PipelineResult:
     """Run one step of the pipeline and return its time, per-rank breakdown and timeline."""
-    return _Sim(inp).run()
+    sim = _Sim(inp)
+    sim.start()
+    sim.env.run()
+    return sim.result()
+
+
+class Watched:
+    """One step simulated a stretch of simulated time at a time, so that its caller can look at what has happened
+    so far (`slices`, `arrivals`) and stop early (twin/step/steady.py stops a long step once it repeats)."""
+
+    def __init__(self, inp: PipelineInput) -> None:
+        self._sim = _Sim(inp)
+        self._sim.start()
+
+    @property
+    def slices(self) -> list[Slice]:
+        return self._sim.slices
+
+    @property
+    def arrivals(self) -> Mapping[tuple[str, int, int], float]:
+        return self._sim.arrived_at
+
+    def advance(self, seconds: float) -> bool:
+        """Simulate `seconds` more; False once the step is over (nothing left to happen)."""
+        env = self._sim.env
+        if env.peek() == float("inf"):
+            return False
+        env.run(until=env.now + seconds)
+        return env.peek() != float("inf")
+
+    def finish(self) -> PipelineResult:
+        """Simulate the rest of the step and return it."""
+        self._sim.env.run()
+        return self._sim.result()

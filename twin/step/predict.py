@@ -37,7 +37,8 @@ from twin.step.costs import (
 from twin.step.kernels import PassCost, head_cost
 from twin.step.memory import MemoryBreakdown, rank_breakdowns, stage_layer_ranges, stage_params
 from twin.step.memory import activation_bytes as layer_activation_bytes
-from twin.step.pipeline import PipelineInput, PipelineResult, Slice, simulate
+from twin.step.pipeline import simulate
+from twin.step.pipeline_data import PipelineInput, PipelineResult, Slice
 from twin.step.steady import simulate_extended
 
 

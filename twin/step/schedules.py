@@ -273,11 +273,12 @@ def peak_live_per_rank(
     schedule: str, pp: int, v: int, m: int, weight: dict[int, float], kept_for_w: float = 0.0
 ) -> list[float]:
     """`peak_live` of every pipeline rank's order for m microbatches, without building an order of m where a
-    shorter one tells: 1F1B and interleaved 1F1B hold at most their warm-up's forwards, which four pipeline depths
-    of microbatches complete, and GPipe holds all m, a multiple of what it holds for fewer (tests/test_steady.py
-    holds both equal to the full order's)."""
+    shorter one tells: the other schedules hold at most what their warm-up (and, for the zero-bubble ones, the
+    weight gradients they hold back) leaves in flight, which four pipeline depths of microbatches reach, and GPipe
+    holds all m, a multiple of what it holds for fewer (tests/test_steady.py holds both equal to the full
+    order's)."""
     short = 4 * pp
-    if schedule in ("1f1b", "interleaved-1f1b", *GROWING) and m > short:
+    if m > short:
         orders = build(schedule, pp, v, short)
         scale = m / short if schedule in GROWING else 1.0
         return [peak_live(order, weight, kept_for_w) * scale for order in orders]

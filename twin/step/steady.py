@@ -1,15 +1,24 @@
 """A long pipeline step without simulating every microbatch: the steady state extended exactly.
 
 A pipeline schedule with m microbatches per replica runs a warm-up, a steady state that repeats every `period`
-microbatches (one for GPipe and 1F1B; pp for interleaved 1F1B, whose order goes in rounds of pp), and a
-cool-down. Adding one period to m adds one more repetition of the steady state and changes
-nothing else, so every figure of the step (its time, each rank's compute, communication and bubble, the events
-simulated) grows by the same amount per period: it is affine in m past the warm-up.
+microbatches (one for GPipe, 1F1B and the zero-bubble schedules; pp for interleaved 1F1B, whose order goes in rounds
+of pp), and a cool-down. Once the step's events repeat, adding one period to m adds one more repetition of the
+steady state and changes nothing else, so every figure of the step (its time, each rank's compute, communication
+and bubble, the events simulated) grows by the same amount per period: it is affine in m past the warm-up.
 
-`simulate_extended` simulates counts a period apart past the warm-up until the last three agree (the two
-differences equal on every figure: the steady state has been reached and repeats) and extends the last difference
-to the plan's own count. Where they do not agree before the short simulations together would cost more than the
-full one, it simulates the full step.
+Two ways to see that repeat, by how soon the schedule reaches it:
+
+- GPipe, 1F1B and interleaved 1F1B repeat within two pipeline depths. `simulate_extended` simulates counts a
+  pipeline depth apart past the warm-up until the last three agree on every figure, and extends the last difference.
+- The zero-bubble schedules (ZB-H1, ZBV, DualPipe-V) split the backward, and how their waits fall between ranks
+  settles slowly: on GPT-3 175B over pp 8 the events repeat only after 80 microbatches (ZB-H1) and 134 (ZBV,
+  DualPipe-V), and three short steps can agree on a rate the full step does not keep. Their step of m is simulated
+  as it is, looking at its events as they happen (`pipeline.Watched`); once every event of a window of microbatches
+  is the same as a period earlier shifted by one time (the window spans the farthest two consecutive actions of a
+  rank are apart, so everything later follows from it), the steady state has been reached. Two short steps that
+  hold that window, a period apart, are then simulated whole, checked event by event to be one another with a
+  period inserted, and extended. Where the repeat comes too late to save time, the step of m simply runs on.
+
 tests/test_steady.py holds the extended result equal to the full simulation for every schedule.
 
 Hand-written: SimPy simulates what it is given; recognising that a simulated process repeats is outside it.
@@ -17,17 +26,23 @@ Hand-written: SimPy simulates what it is given; recognising that a simulated pro
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import fields, replace
+from itertools import islice, pairwise
 
-from twin.step.pipeline import PipelineInput, PipelineResult, RankTimes, simulate
+import numpy as np
+
+from twin.step.pipeline import Watched, simulate
+from twin.step.pipeline_data import PipelineInput, PipelineResult, RankTimes, Slice
 from twin.step.schedules import Action
 
 EXTENDED = frozenset({"gpipe", "1f1b", "interleaved-1f1b"})
-"""Schedules whose warm-up ends within two pipeline depths. Not the zero-bubble ones, simulated whole: on GPT-3
-175B over pp 8, DualPipe-V's time per microbatch still changes past 64 microbatches (its phases' lengths follow m)
-and ZBV's past 32, so three short simulations can agree on a rate the full step does not keep; ZB-H1's time is
-affine early but how its waiting splits into transfer and bubble alternates for ten rounds and more."""
+"""Schedules whose warm-up ends within two pipeline depths: three short simulations tell their steady state. The
+zero-bubble ones are watched until their events repeat (`_watched_until_periodic`)."""
+
+REACH_SPAN = 8
+"""Pipeline depths of microbatches whose order holds every distance `reach` finds in a longer one: each schedule's
+warm-up and cool-down span at most two depths and its steady phase repeats (tests/test_steady.py checks it)."""
 
 REL_TOL = 1e-9
 """How closely the two differences must agree, relative to the figure, for the steady state to count as reached."""
@@ -61,7 +76,9 @@ def simulate_extended(
     The timeline (`slices`) of an extended result is the last simulation's; `extended_from` says its count."""
     counts = sample_counts(schedule, pp, m)
     if counts is None:
-        return simulate(replace(inp, orders=orders_for(m)))
+        if schedule in EXTENDED or inp.host is not None:
+            return simulate(replace(inp, orders=orders_for(m)))
+        return _watched_until_periodic(inp, orders_for, m)
     step = counts[1] - counts[0]
     done = [simulate(replace(inp, orders=orders_for(n))) for n in counts]
     n, spent = counts[-1], sum(counts)
@@ -98,3 +115,147 @@ def _extend(a: PipelineResult, b: PipelineResult, c: PipelineResult, steps: floa
             values[f.name] = value
         ranks.append(RankTimes(**values))
     return PipelineResult(step, tuple(ranks), c.slices, round(events), extended_from=n)
+
+
+def _watched_until_periodic(
+    inp: PipelineInput, orders_for: Callable[[int], tuple[tuple[Action, ...], ...]], m: int
+) -> PipelineResult:
+    """The step of `m` microbatches of a zero-bubble schedule (period one microbatch): simulated as it is until
+    its events repeat over a window of `reach` + 1 microbatches, then from two short steps a microbatch apart
+    that hold that window, extended; the step simulated to its end where that does not save time or the short
+    steps do not check out."""
+    orders = orders_for(m)
+    slots = _slots(inp, orders)
+    window = reach(inp, orders_for(min(m, REACH_SPAN * len(orders)))) + 1
+    tail = 2 * window  # a short step's cool-down reaches back less far than this (it is checked below)
+    look_s = window * _floor_per_microbatch_s(inp, orders)
+    table = np.full((len(slots), m), np.nan)
+    watched = Watched(replace(inp, orders=orders))
+    seen = [0, 0]  # slices and arrivals already in `table`
+    while watched.advance(look_s):
+        done = _fill(table, slots, watched.slices[seen[0] :], islice(watched.arrivals.items(), seen[1], None))
+        seen = [len(watched.slices), len(watched.arrivals)]
+        n = done + tail
+        if 2 * n + 1 >= m - done:  # the two short steps would cost what is left of this one
+            break
+        if done > window + 1 and _repeats(table[:, done - window - 1 : done], _tolerance(table, done)):
+            extended = _two_short_steps(inp, orders_for, slots, table[:, :done], n, m)
+            if extended is not None:
+                return extended
+            break
+    return watched.finish()
+
+
+def _two_short_steps(
+    inp: PipelineInput,
+    orders_for: Callable[[int], tuple[tuple[Action, ...], ...]],
+    slots: dict[tuple[str, int, int], int],
+    seen: np.ndarray,
+    n: int,
+    m: int,
+) -> PipelineResult | None:
+    """Steps of n and n + 1 microbatches, extended to m; None unless both begin with the events `seen` (so they
+    hold its repeating window) and the longer is the shorter with one microbatch inserted, every event after it
+    one period's time later."""
+    a = simulate(replace(inp, orders=orders_for(n)))
+    b = simulate(replace(inp, orders=orders_for(n + 1)))
+    ta, tb = _table(slots, a, n), _table(slots, b, n + 1)
+    done = seen.shape[1]
+    tol = _tolerance(tb, n + 1)
+    if not (_same(ta[:, :done], seen, tol) and _same(tb[:, :done], seen, tol)):
+        return None
+    if not _same(tb[:, done:] - (b.step_s - a.step_s), ta[:, done - 1 :], tol):
+        return None
+    return _affine(a, b, m - n - 1, n + 1)
+
+
+def _affine(a: PipelineResult, b: PipelineResult, periods: int, n: int) -> PipelineResult:
+    """`b` (of `n` microbatches) plus `periods` more of what `b` adds to `a`."""
+
+    def grow(x: float, y: float) -> float:
+        return y + periods * (y - x)
+
+    ranks = tuple(
+        RankTimes(**{f.name: grow(getattr(ra, f.name), getattr(rb, f.name)) for f in fields(RankTimes)})
+        for ra, rb in zip(a.ranks, b.ranks, strict=True)
+    )
+    return PipelineResult(grow(a.step_s, b.step_s), ranks, b.slices, round(grow(a.events, b.events)), extended_from=n)
+
+
+def _slots(inp: PipelineInput, orders: Sequence[Sequence[Action]]) -> dict[tuple[str, int, int], int]:
+    """A row for every time each microbatch passes: each action's start (0) and end (1) by (kind, stage), and the
+    arrival (2) of each message it sends to another rank, by (kind, the stage it feeds)."""
+    slots: dict[tuple[str, int, int], int] = {}
+    last = len(inp.stage_rank) - 1
+    for order in orders:
+        for a in order:
+            if a.microbatch:
+                continue
+            slots.setdefault((a.kind, a.stage, 0), len(slots))
+            slots.setdefault((a.kind, a.stage, 1), len(slots))
+            target = a.stage + 1 if a.kind == "F" else a.stage - 1
+            if a.kind != "W" and 0 <= target <= last and inp.stage_rank[target] != inp.stage_rank[a.stage]:
+                slots.setdefault((a.kind, target, 2), len(slots))
+    return slots
+
+
+def reach(inp: PipelineInput, orders: Sequence[Sequence[Action]]) -> int:
+    """The most microbatches apart two events are where one directly follows the other: consecutive actions of a
+    rank, or consecutive messages on one link. An event depends on nothing further back, so a window this wide
+    (plus a period) that repeats holds everything the rest of the step follows from."""
+    last = len(inp.stage_rank) - 1
+    reach = 0
+    for order in orders:
+        reach = max([reach, *(abs(x.microbatch - y.microbatch) for x, y in pairwise(order))])
+        links: dict[int, list[int]] = {}
+        for a in order:
+            target = a.stage + 1 if a.kind == "F" else a.stage - 1
+            if a.kind != "W" and 0 <= target <= last:
+                links.setdefault(inp.stage_rank[target], []).append(a.microbatch)
+        for sent in links.values():
+            reach = max([reach, *(abs(x - y) for x, y in pairwise(sent))])
+    return reach
+
+
+def _floor_per_microbatch_s(inp: PipelineInput, orders: Sequence[Sequence[Action]]) -> float:
+    """Seconds one microbatch takes at least on the busiest rank: the simulated time between looks."""
+    busiest = max(sum(inp.cost(a).total for a in order if a.microbatch == 0) for order in orders)
+    return max(busiest, 1e-9)
+
+
+def _fill(
+    table: np.ndarray,
+    slots: Mapping[tuple[str, int, int], int],
+    slices: Sequence[Slice],
+    arrivals: Iterable[tuple[tuple[str, int, int], float]],
+) -> int:
+    """Write new events into `table`; returns how many leading microbatches have all their events."""
+    for s in slices:
+        if s.track == "compute" and s.microbatch >= 0:
+            table[slots[(s.kind, s.stage, 0)], s.microbatch] = s.start
+            table[slots[(s.kind, s.stage, 1)], s.microbatch] = s.end
+    for (kind, stage, mb), t in arrivals:
+        table[slots[(kind, stage, 2)], mb] = t
+    missing = np.isnan(table).any(axis=0)
+    return int(missing.argmax()) if missing.any() else table.shape[1]
+
+
+def _table(slots: Mapping[tuple[str, int, int], int], result: PipelineResult, n: int) -> np.ndarray:
+    table = np.full((len(slots), n), np.nan)
+    _fill(table, slots, result.slices, result.arrivals.items())
+    return table
+
+
+def _repeats(window: np.ndarray, tol: float) -> bool:
+    """Every event of each microbatch of `window` but the first is the previous microbatch's, one same time later."""
+    shift = np.diff(window, axis=1)
+    return bool(np.all(np.abs(shift - shift[0, 0]) <= tol))
+
+
+def _same(x: np.ndarray, y: np.ndarray, tol: float) -> bool:
+    return x.shape == y.shape and bool(np.all(np.abs(x - y) <= tol))
+
+
+def _tolerance(table: np.ndarray, done: int) -> float:
+    """REL_TOL of the latest time in the first `done` microbatches."""
+    return REL_TOL * max(float(np.nanmax(table[:, :done])), 1e-9)

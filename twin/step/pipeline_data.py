@@ -1,0 +1,127 @@
+"""What one pipeline step's simulation (twin/step/pipeline.py) takes and gives: each action's cost, the step's
+inputs, and its result — the time, where each rank's time went, and the timeline."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from twin.step.host import HostSharing
+from twin.step.schedules import Action
+
+COMPONENTS = ("compute", "recompute", "tp", "cp", "ep", "dp")
+
+
+@dataclass(frozen=True)
+class ActionCost:
+    """Seconds one action takes on its rank, by what the time is spent on (communication here is exposed)."""
+
+    compute: float = 0.0
+    recompute: float = 0.0
+    tp: float = 0.0
+    cp: float = 0.0
+    ep: float = 0.0
+    dp: float = 0.0
+
+    @property
+    def total(self) -> float:
+        return self.compute + self.recompute + self.tp + self.cp + self.ep + self.dp
+
+
+@dataclass(frozen=True)
+class PipelineInput:
+    """Everything the simulation needs; costs are per (kind, stage) and the same for every microbatch."""
+
+    orders: tuple[tuple[Action, ...], ...]
+    stage_rank: tuple[int, ...]
+    costs: Mapping[tuple[str, int], ActionCost]
+    p2p_s: Mapping[tuple[int, int], float]
+    """Seconds to send one microbatch's activation (or its gradient) from stage a to stage b."""
+    split_w: bool
+    dp_stage_s: Mapping[int, float] = field(default_factory=dict)
+    """Seconds of data-parallel gradient reduction of each stage's weights, overlapped with its final backward."""
+    gather_stage_s: Mapping[int, float] = field(default_factory=dict)
+    """Seconds of ZeRO-3 parameter gathering of each stage before its first forward (pipelined FSDP)."""
+    optimizer_s: Mapping[int, float] = field(default_factory=dict)
+    """Seconds of the optimizer step on each rank."""
+    barrier_s: float = 0.0
+    """Seconds of the job-wide all-reduce every rank joins between its gradient reduction and its optimizer step
+    (the gradient norm for clipping): a barrier, so a rank done early waits there for the slowest."""
+    buckets: int = 4
+    """Gradient buckets per stage (Megatron's default bucket is 40M parameters; a handful per stage)."""
+    dp_overlap: float = 1.0
+    """Share of each stage's gradient reduction that is bucketed under its final backward; the rest runs after
+    the rank's last computation."""
+    host: HostSharing | None = None
+    """Ranks share host cores (CPU clusters): actions are work at full speed, slowed by the busy ranks."""
+    blocking_sends: bool = False
+    """A rank waits for its own send to reach the next stage before going on (blocking p2p, Megatron 2021); else
+    sends run beside its next action (asynchronous p2p)."""
+    overlap_costs: Mapping[tuple[str, int], ActionCost] = field(default_factory=dict)
+    """Costs of actions run as one half of an overlapped forward-backward pair (DualPipe), where they differ."""
+
+    def cost(self, a: Action) -> ActionCost:
+        """What action `a` costs: its overlapped cost when it runs in an overlapped pair and has one."""
+        key = (a.kind, a.stage)
+        return self.overlap_costs.get(key, self.costs[key]) if a.overlap else self.costs[key]
+
+
+@dataclass(frozen=True)
+class Slice:
+    """One action as it ran (kind F, B, W; track "compute"), the exposed communication inside or around it (TP, CP,
+    EP, DP, PP; track "comm"), or the step's end on a rank (barrier, optimizer; stage and microbatch -1)."""
+
+    rank: int
+    stage: int
+    kind: str
+    microbatch: int
+    start: float
+    end: float
+    track: str = "compute"
+
+
+@dataclass
+class RankTimes:
+    """Where one rank's step went (seconds)."""
+
+    compute: float = 0.0
+    recompute: float = 0.0
+    tp: float = 0.0
+    cp: float = 0.0
+    ep: float = 0.0
+    dp: float = 0.0
+    pp: float = 0.0
+    forward: float = 0.0
+    """Of `compute`, what forward actions took."""
+    bubble: float = 0.0
+    optimizer: float = 0.0
+    end: float = 0.0
+
+    def phases(self) -> dict[str, float]:
+        """These times in the executor's record vocabulary (plan.records.PHASES): backward holds the recompute."""
+        return {
+            "forward": self.forward,
+            "backward": self.compute - self.forward + self.recompute,
+            "optimizer": self.optimizer,
+            "comm_tp": self.tp,
+            "comm_cp": self.cp,
+            "comm_ep": self.ep,
+            "comm_pp": self.pp,
+            "comm_dp": self.dp,
+            "bubble": self.bubble,
+        }
+
+
+@dataclass(frozen=True)
+class PipelineResult:
+    step_s: float
+    ranks: tuple[RankTimes, ...]
+    slices: tuple[Slice, ...]
+    events: int
+    """SimPy events the simulation scheduled."""
+    extended_from: int | None = None
+    """Microbatches of the simulation whose steady state was extended to this step's (twin/step/steady.py); its
+    timeline is that simulation's. None: every microbatch simulated."""
+    arrivals: Mapping[tuple[str, int, int], float] = field(default_factory=dict)
+    """When each cross-rank message (kind, stage it feeds, microbatch) arrived: with the actions' slices, every
+    time the pipeline's events happen at (twin/step/steady.py compares two simulations by them)."""
