@@ -35,10 +35,13 @@ def cluster_names() -> list[str]:
 
 def resolve_cluster_path(name: str, relative_to: Path | None = None) -> Path:
     """The file of a cluster name (topologies/NAME.yaml) or path (absolute, or relative to the plan file)."""
-    unknown = (
-        f"cluster: unknown cluster {name!r}; name a file in topologies/ ({', '.join(cluster_names())}) "
-        "or give a path to a cluster YAML"
-    )
+
+    def unknown() -> str:
+        return (
+            f"cluster: unknown cluster {name!r}; name a file in topologies/ ({', '.join(cluster_names())}) "
+            "or give a path to a cluster YAML"
+        )
+
     return resolve_file(name, TOPOLOGY_DIR, relative_to, unknown)
 
 
@@ -164,7 +167,7 @@ def _load_cached(model: type[M], path: Path, mtime_ns: int, overrides_json: str)
 def load_what_if(model: type[M], path: Path, overrides: Mapping[str, Any] | None) -> tuple[M, WhatIf]:
     """A file validated as `model` with what-if overrides applied, and what they did (cached per file,
     modification time and overrides, in the order given: a later override wins)."""
-    path = path.resolve()
+    path = path if path.is_absolute() else path.resolve()  # catalogue paths are absolute: no system calls
     return _load_cached(model, path, path.stat().st_mtime_ns, json.dumps(dict(overrides or {}), default=str))
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -214,9 +215,10 @@ def parse_override(item: str, limits: Limits = DEFAULT_LIMITS) -> tuple[list[str
         raise PlanError(f"--set {key.strip()}: value nested too deeply; write it out plainly") from None
 
 
-def resolve_file(name: str, catalogue: Path, relative_to: Path | None, unknown: str) -> Path:
+def resolve_file(name: str, catalogue: Path, relative_to: Path | None, unknown: Callable[[], str]) -> Path:
     """The file a plan names: `catalogue`/NAME.yaml, else a YAML path (absolute, or relative to the plan file
-    `relative_to`, then to the working directory); PlanError `unknown` otherwise."""
+    `relative_to`, then to the working directory); PlanError with the message `unknown()` otherwise (written only
+    then: it lists the catalogue, which a search resolving thousands of plans should not read each time)."""
     entry = catalogue / f"{name}.yaml"
     if entry.is_file():
         return entry
@@ -227,4 +229,4 @@ def resolve_file(name: str, catalogue: Path, relative_to: Path | None, unknown: 
     for candidate in candidates:
         if candidate.suffix in (".yaml", ".yml") and candidate.is_file():
             return candidate
-    raise PlanError(unknown)
+    raise PlanError(unknown())

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -136,6 +137,17 @@ def expand_model(data: dict[str, Any], origin: str) -> dict[str, Any]:
     return data
 
 
+def _real(path: Path) -> Path:
+    """`path` with its links followed, remembered where it is absolute (a relative one follows the working
+    directory): a search validates thousands of plans naming the same files."""
+    return _real_absolute(path) if path.is_absolute() else path.resolve()
+
+
+@lru_cache(maxsize=512)
+def _real_absolute(path: Path) -> Path:
+    return path.resolve()
+
+
 def validate_plan(data: Mapping[str, Any], origin: str = "plan", relative_to: Path | None = None) -> Plan:
     """Validate a plan mapping: its own rules, then that it fits the cluster it names."""
     try:
@@ -143,16 +155,16 @@ def validate_plan(data: Mapping[str, Any], origin: str = "plan", relative_to: Pa
     except ValidationError as exc:
         raise PlanError(format_validation_error(exc, Plan, origin)) from None
     try:
-        cluster_path = resolve_cluster_path(plan.cluster.name, relative_to)
-        if not cluster_path.resolve().is_relative_to(TOPOLOGY_DIR.resolve()):  # keep a path valid from any cwd
-            ref = plan.cluster.model_copy(update={"name": str(cluster_path.resolve())})
+        cluster_path = _real(resolve_cluster_path(plan.cluster.name, relative_to))
+        if not cluster_path.is_relative_to(_real(TOPOLOGY_DIR)):  # keep a path valid from any cwd
+            ref = plan.cluster.model_copy(update={"name": str(cluster_path)})
             plan = plan.model_copy(update={"cluster": ref})
         cluster = plan_cluster(plan)
         if "stack" not in plan.model_fields_set and cluster.stack:  # the fleet's own software, as its runs use
             plan = plan.model_copy(update={"stack": StackRef(name=cluster.stack)})
-        stack_path = resolve_stack_path(plan.stack.name, relative_to)
-        if stack_path.resolve().parent != resolve_stack_path(DEFAULT_STACK_NAME).parent:
-            plan = plan.model_copy(update={"stack": plan.stack.model_copy(update={"name": str(stack_path.resolve())})})
+        stack_path = _real(resolve_stack_path(plan.stack.name, relative_to))
+        if stack_path.parent != _real(resolve_stack_path(DEFAULT_STACK_NAME)).parent:
+            plan = plan.model_copy(update={"stack": plan.stack.model_copy(update={"name": str(stack_path)})})
         plan_stack(plan)
     except PlanError as exc:
         raise PlanError(f"{origin}: {exc}") from None

@@ -21,7 +21,10 @@ def stack_names() -> list[str]:
 
 def resolve_stack_path(name: str, relative_to: Path | None = None) -> Path:
     """The file of a stack name (plan/presets/stacks/NAME.yaml) or path (absolute, or relative to the plan)."""
-    unknown = f"stack: unknown stack {name!r}; name one of {', '.join(stack_names())} or give a path to a stack YAML"
+
+    def unknown() -> str:
+        return f"stack: unknown stack {name!r}; name one of {', '.join(stack_names())} or give a path to a stack YAML"
+
     return resolve_file(name, STACK_DIR, relative_to, unknown)
 
 

@@ -142,8 +142,8 @@ def rank_state_bytes(plan: Plan, stages: list[int], grad_bytes: int = 2) -> tupl
     """(weights, gradients, optimizer) bytes of one rank holding `stages`, sharded as its ZeRO stage says; gradients
     of `grad_bytes` each (2: bf16, 16 bytes per parameter in all with Adam; 4: Megatron's fp32 main_grad)."""
     lay = plan.layout
-    dense = sum(stage_params(plan, s).dense for s in stages)
-    expert = sum(stage_params(plan, s).expert for s in stages)
+    params = [stage_params(plan, s) for s in stages]
+    dense, expert = sum(p.dense for p in params), sum(p.expert for p in params)
     edp = lay.dp // lay.ep
 
     def shard(stage_from: int) -> float:
@@ -164,9 +164,11 @@ def transient_bytes(plan: Plan, stack: Stack, stages: list[int], last: bool) -> 
         rebuilt = plan.model_copy(update={"layout": lay.model_copy(update={"recompute": "none"})})
         candidates.append(activation_bytes(rebuilt, stack, m.is_moe)[0])
     if lay.zero == 3:
-        layers = [layer for s in stages for layer in stage_layer_ranges(plan)[s]]
-        biggest = max((layer_params(plan, i).dense + layer_params(plan, i).expert for i in layers), default=0.0)
-        gathered = sum(stage_params(plan, s).dense + stage_params(plan, s).expert for s in stages)
+        ranges = [stage_layer_ranges(plan)[s] for s in stages]
+        # a stage's dense layers come first and its MoE layers last: its first and last layer are of both kinds
+        kinds = [layer_params(plan, i) for r in ranges if len(r) for i in {r.start, r.stop - 1}]
+        biggest = max((p.dense + p.expert for p in kinds), default=0.0)
+        gathered = sum(p.dense + p.expert for p in (stage_params(plan, s) for s in stages))
         # pipelined FSDP keeps the stage gathered for the whole step (reshard_after_forward=False);
         # otherwise the current and the prefetched layer are gathered at once
         candidates.append(2 * (gathered if lay.pp > 1 else 2 * biggest))
