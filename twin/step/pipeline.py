@@ -14,13 +14,15 @@ processes for workers, resources for shared links; records collected in lists, t
 
 from __future__ import annotations
 
-from collections.abc import Generator, Mapping
+import gc
+from collections.abc import Generator, Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
 import simpy
 
 from twin.step.host import SharedCores
-from twin.step.pipeline_data import COMPONENTS, ActionCost, PipelineInput, PipelineResult, RankTimes, Slice
+from twin.step.pipeline_data import ActionCost, PipelineInput, PipelineResult, RankTimes, Slice
 from twin.step.schedules import Action
 
 
@@ -72,14 +74,15 @@ class _Sim:
         slept = min(1.0, slept_s / host.wakeup_s)
         return host.wakeup_s * short * slept
 
-    def _final_grad_actions(self) -> set[Action]:
+    def _final_grad_actions(self) -> set[int]:
+        """The last gradient action of each stage, by identity (hashing an action by its fields costs a call)."""
         kind = "W" if self.inp.split_w else "B"
         last: dict[int, Action] = {}
         for order in self.inp.orders:
             for a in order:
                 if a.kind == kind:
                     last[a.stage] = a
-        return set(last.values())
+        return {id(a) for a in last.values()}
 
     def _awaited_on_own_rank(self) -> set[tuple[str, int]]:
         """(kind, stage) of the actions whose result the next stage takes on the same rank (the turn of a "V"), the
@@ -152,13 +155,15 @@ class _Sim:
                 self.mark(rank, "DP", t0, self.env.now, a)
             cost = self.inp.cost(a)
             start = self.env.now
-            if a in self.final_grad and self.inp.dp_stage_s.get(a.stage, 0.0) > 0:
+            if id(a) in self.final_grad and self.inp.dp_stage_s.get(a.stage, 0.0) > 0:
                 self.launch_buckets(rank, a.stage, start, cost.total)
             yield from self.run_action(rank, a, cost, times)
             self.slices.append(Slice(rank, a.stage, a.kind, a.microbatch, start, self.env.now))
-            at = self.env.now - (cost.tp + cost.cp + cost.ep + cost.dp)  # an action's exposed collectives end it
-            for axis in ("tp", "cp", "ep", "dp"):
-                at = self.mark(rank, axis.upper(), at, at + getattr(cost, axis), a)
+            exposed = cost.tp + cost.cp + cost.ep + cost.dp
+            if exposed > 0:  # an action's exposed collectives end it
+                at = self.env.now - exposed
+                for axis, seconds in (("TP", cost.tp), ("CP", cost.cp), ("EP", cost.ep), ("DP", cost.dp)):
+                    at = self.mark(rank, axis, at, at + seconds, a)
             if (a.kind, a.stage) in self.awaited_here:
                 self.event(self.done, (a.kind, a.stage, a.microbatch)).succeed()
             sent = self.send(a, rank)
@@ -221,9 +226,12 @@ class _Sim:
             comm_stretch = self.inp.host.blocked_stretch
             if cost.total > work:
                 yield self.timeout((cost.total - work) * comm_stretch)
-        for name in COMPONENTS:
-            stretch = work_stretch if name in ("compute", "recompute") else comm_stretch
-            setattr(times, name, getattr(times, name) + getattr(cost, name) * stretch)
+        times.compute += cost.compute * work_stretch
+        times.recompute += cost.recompute * work_stretch
+        times.tp += cost.tp * comm_stretch
+        times.cp += cost.cp * comm_stretch
+        times.ep += cost.ep * comm_stretch
+        times.dp += cost.dp * comm_stretch
         if a.kind == "F":
             times.forward += cost.compute * work_stretch
 
@@ -298,12 +306,27 @@ class _Sim:
             ev.succeed()
 
 
+@contextmanager
+def no_cycle_collection() -> Iterator[None]:
+    """Python's cycle collector paused while a step is simulated: the simulation allocates a few objects per event
+    (hundreds of thousands at pp 128), which set the collector off again and again to walk them all for nothing —
+    30% of a large step's time. What it would have found is collected once it resumes."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
 def simulate(inp: PipelineInput) -> PipelineResult:
     """Run one step of the pipeline and return its time, per-rank breakdown and timeline."""
-    sim = _Sim(inp)
-    sim.start()
-    sim.env.run()
-    return sim.result()
+    with no_cycle_collection():
+        sim = _Sim(inp)
+        sim.start()
+        sim.env.run()
+        return sim.result()
 
 
 class Watched:
@@ -327,10 +350,12 @@ class Watched:
         env = self._sim.env
         if env.peek() == float("inf"):
             return False
-        env.run(until=env.now + seconds)
+        with no_cycle_collection():
+            env.run(until=env.now + seconds)
         return env.peek() != float("inf")
 
     def finish(self) -> PipelineResult:
         """Simulate the rest of the step and return it."""
-        self._sim.env.run()
-        return self._sim.result()
+        with no_cycle_collection():
+            self._sim.env.run()
+            return self._sim.result()

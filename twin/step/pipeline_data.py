@@ -9,8 +9,6 @@ from dataclasses import dataclass, field
 from twin.step.host import HostSharing
 from twin.step.schedules import Action
 
-COMPONENTS = ("compute", "recompute", "tp", "cp", "ep", "dp")
-
 
 @dataclass(frozen=True)
 class ActionCost:

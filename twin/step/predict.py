@@ -37,7 +37,7 @@ from twin.step.costs import (
 from twin.step.kernels import PassCost, head_cost
 from twin.step.memory import MemoryBreakdown, rank_breakdowns, stage_layer_ranges, stage_params
 from twin.step.memory import activation_bytes as layer_activation_bytes
-from twin.step.pipeline import simulate
+from twin.step.pipeline import no_cycle_collection, simulate
 from twin.step.pipeline_data import PipelineInput, PipelineResult, Slice
 from twin.step.steady import simulate_extended
 
@@ -126,6 +126,11 @@ DEFAULT_OPTIONS = PredictOptions()
 
 def predict(plan: Plan, cluster: Cluster | None = None, options: PredictOptions = DEFAULT_OPTIONS) -> StepPrediction:
     """Predict one optimizer step of `plan` on its cluster."""
+    with no_cycle_collection():  # its timeline alone is a dictionary per simulated span
+        return _predict(plan, cluster, options)
+
+
+def _predict(plan: Plan, cluster: Cluster | None, options: PredictOptions) -> StepPrediction:
     cluster = cluster or loader.plan_cluster(plan)
     ctx = step_context(plan, cluster, options)
     lay = plan.layout

@@ -124,10 +124,14 @@ def _watched_until_periodic(
     its events repeat over a window of `reach` + 1 microbatches, then from two short steps a microbatch apart
     that hold that window, extended; the step simulated to its end where that does not save time or the short
     steps do not check out."""
+    short = orders_for(min(m, REACH_SPAN * (max(inp.stage_rank) + 1)))  # REACH_SPAN pipeline depths
+    window = reach(inp, short) + 1
+    tail = 2 * window  # a short step's cool-down reaches back less far than this (it is checked below)
+    earliest = window + 2
+    if 2 * (earliest + tail) + 1 >= m - earliest:  # even a repeat seen at once would not save time
+        return simulate(replace(inp, orders=orders_for(m)))
     orders = orders_for(m)
     slots = _slots(inp, orders)
-    window = reach(inp, orders_for(min(m, REACH_SPAN * len(orders)))) + 1
-    tail = 2 * window  # a short step's cool-down reaches back less far than this (it is checked below)
     look_s = window * _floor_per_microbatch_s(inp, orders)
     table = np.full((len(slots), m), np.nan)
     watched = Watched(replace(inp, orders=orders))
