@@ -120,6 +120,11 @@ class Stack(UserSection):
     sp_regather_input: bool = True
     """Under sequence parallelism the column-parallel GEMMs keep their input sharded and all-gather it again for
     the weight gradient (Megatron, Transformer Engine); false: the gathered input is kept (DTensor)."""
+    moe_tensor_parallel: bool = True
+    """An MoE layer's experts (routed and shared) are split over the tp ranks as a dense MLP is, with the same
+    collectives around them (Megatron-Core's expert tensor parallelism, equal to tp by default); false: every tp rank
+    runs the MoE MLP whole on the whole sequence, holding whole experts and needing no collective around it (the
+    executor's layers)."""
     tp_overlap_chunks: PositiveFloat = 1.0
     """With userbuffers: chunks each overlapped collective is cut into; the first (or last) chunk stays exposed."""
     tp_overlap_sms: NonNegativeInt = 0

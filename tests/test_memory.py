@@ -7,7 +7,7 @@ import pytest
 from plan import loader
 from plan.model_math import param_count
 from plan.stacks import load_stack
-from twin.step.memory import activation_bytes, rank_state_bytes
+from twin.step.memory import activation_bytes, layer_params, rank_state_bytes
 from twin.step.predict import predict
 
 
@@ -96,3 +96,20 @@ def test_impossible_layout_reports_fits_false_with_reason(overrides: list[str]) 
     assert not result.fits
     assert "over by" in result.memory.reason and "GiB" in result.memory.reason
     assert result.memory.peak > result.memory.capacity
+
+
+def test_experts_are_split_over_tp_only_where_the_stack_splits_them() -> None:
+    layout = ["layout.tp=2", "layout.pp=1", "layout.dp=2", "layout.ep=2"]
+    whole = loader.load("cpu-tiny-moe", layout)  # the executor: every tp rank runs the MoE MLP whole
+    split = loader.load("cpu-tiny-moe", [*layout, "stack=megatron-core-0.8"])  # Megatron: experts split by tp
+    assert not load_stack(whole.stack.name).moe_tensor_parallel
+    moe_layer = whole.model.dense_layers  # the first MoE layer
+    held, halved = layer_params(whole, moe_layer), layer_params(split, moe_layer)
+    assert held.expert == pytest.approx(2 * halved.expert)  # tp = 2
+    dense_layer = layer_params(whole, 0) if whole.model.dense_layers else None
+    if dense_layer is not None:
+        assert dense_layer == layer_params(split, 0)  # a dense MLP is split the same under both
+    e = whole.model
+    assert e.moe_ffn_hidden is not None
+    expert = 3 * e.hidden * e.moe_ffn_hidden  # SwiGLU: gate, up, down
+    assert held.expert == pytest.approx(e.experts * expert / whole.layout.ep)

@@ -152,3 +152,21 @@ def test_tp_collectives_per_microbatch_are_counted(fused: bool, extra: int) -> N
     one = result.collectives["tp"]["seconds"]
     per_microbatch = plan.model.layers * (2 + 2 + extra) + 1 + 1
     assert result.breakdown_s["tp_comm"] == pytest.approx(plan.num_microbatches * per_microbatch * one, rel=1e-9)
+
+
+@pytest.mark.parametrize("stack,moe_blocks", [("executor", 1), ("megatron-core-0.8", 2)])
+def test_an_moe_layer_run_whole_on_each_tp_rank_has_only_its_attention_collectives(stack: str, moe_blocks: int) -> None:
+    """The executor runs an MoE MLP whole on every tp rank (Stack.moe_tensor_parallel false): its layers all-reduce
+    around attention only, and of the unfused projections only Q, K and V add backward all-reduces; Megatron splits
+    the experts over tp and pays for the MLP block as a dense layer does."""
+    plan = loader.load(
+        "cpu-tiny-moe",
+        ["cluster=dgx-h100-superpod", f"stack={stack}", "layout.tp=2", "layout.pp=1", "layout.dp=2", "layout.ep=2",
+         "layout.sequence_parallel=false", "layout.fused_projections=false", "stack.overrides.tp_overlap=none"],
+    )  # fmt: skip
+    result = predict(plan, options=PredictOptions(stragglers=False))
+    one = result.collectives["tp"]["seconds"]
+    m = plan.model
+    moe_layers = m.layers - m.dense_layers
+    per_microbatch = m.dense_layers * (2 + 2 + 3) + moe_layers * (2 * moe_blocks + 2 + moe_blocks - 1) + 1 + 1
+    assert result.breakdown_s["tp_comm"] == pytest.approx(plan.num_microbatches * per_microbatch * one, rel=1e-9)

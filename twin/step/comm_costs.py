@@ -27,19 +27,23 @@ def overlapped(comm: float, compute: float, chunks: float) -> float:
     return comm / chunks + max(0.0, comm * (1 - 1 / chunks) - compute)
 
 
-def tp_comm(ctx: StepContext, cost: PassCost) -> tuple[float, float]:
-    """Exposed (forward, backward) seconds of one layer's tensor-parallel collectives for one microbatch."""
+def tp_comm(ctx: StepContext, cost: PassCost, moe: bool = False) -> tuple[float, float]:
+    """Exposed (forward, backward) seconds of one layer's tensor-parallel collectives for one microbatch. An MoE
+    layer whose stack runs the MLP whole on every tp rank (Stack.moe_tensor_parallel false; without sequence
+    parallelism, as the executor requires) has the attention block's collectives only."""
     m, lay, stack = ctx.plan.model, ctx.plan.layout, ctx.stack
     tokens = lay.microbatch_size * m.seq_len // lay.cp
     stream = tokens * m.hidden * ctx.comm_bytes
     tp = ctx.span("tp")
     dgrad, wgrad = cost.gemm_s
     mode = stack.tp_overlap
+    split_mlp = not moe or stack.moe_tensor_parallel
     if not lay.sequence_parallel:
         ar = ctx.time("all_reduce", stream, tp)
-        fwd, bwd = 2 * ar, 2 * ar
+        blocks = 2 if split_mlp else 1
+        fwd, bwd = blocks * ar, blocks * ar
         if mode != "none":  # the input gradient's all-reduce runs under the weight-gradient GEMM (async)
-            bwd = max(0.0, 2 * ar - wgrad)
+            bwd = max(0.0, blocks * ar - wgrad)
     else:
         ag, rs = ctx.time("all_gather", stream, tp), ctx.time("reduce_scatter", stream, tp)
         fwd = 2 * ag + 2 * rs
@@ -53,8 +57,8 @@ def tp_comm(ctx: StepContext, cost: PassCost) -> tuple[float, float]:
             fwd = overlapped(fwd, cost.forward_gemm_s, chunks) + _contention(ctx, hidden)
             exposed = overlapped(4 * ag, dgrad, chunks) + overlapped(2 * rs, wgrad, chunks)
             bwd = exposed + _contention(ctx, 4 * ag + 2 * rs - exposed)
-    # unfused projections: Q, K, V (and gate, up) each all-reduce their input gradient in the backward
-    extra = 0 if lay.fused_projections else (2 + (1 if m.glu else 0)) * ctx.time("all_reduce", stream, tp)
+    # unfused projections: Q, K, V (and gate, up where the MLP is split) each all-reduce their input gradient
+    extra = 0 if lay.fused_projections else (2 + (1 if m.glu and split_mlp else 0)) * ctx.time("all_reduce", stream, tp)
     return fwd, bwd + extra
 
 
@@ -72,7 +76,7 @@ def layer_comm(ctx: StepContext, cost: PassCost, moe: bool, paired: bool = False
     tokens = lay.microbatch_size * m.seq_len // lay.cp
     out = {"tp": (0.0, 0.0), "cp": (0.0, 0.0), "ep": (0.0, 0.0)}
     if lay.tp > 1:
-        out["tp"] = tp_comm(ctx, cost)
+        out["tp"] = tp_comm(ctx, cost, moe)
     if lay.cp > 1:
         out["cp"] = cp_comm(ctx, cost, tokens)
     if moe and lay.ep > 1:  # dispatch and combine all-to-alls of top_k copies of each token, each way

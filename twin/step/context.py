@@ -13,7 +13,7 @@ from plan.stack import Stack
 from twin.step.collectives import InNetwork, collective_time
 from twin.step.compute import Device, act_bytes
 from twin.step.fabric import Fabric, GroupSpan
-from twin.step.kernels import Shape
+from twin.step.kernels import Shape, expert_split
 
 DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1}
 
@@ -131,5 +131,6 @@ def shape_of(ctx: StepContext) -> Shape:
         microbatch=lay.microbatch_size,
         seq_kv=m.seq_len,
         experts_local=max(1, m.experts // lay.ep) if m.is_moe else 1,
+        expert_tp=expert_split(lay.tp, ctx.stack),
         act_bytes=act_bytes(ctx.plan.training.dtype),
     )

@@ -40,6 +40,9 @@ class Shape:
     """Keys each query attends over: the whole sequence (context parallelism gathers or rings it)."""
     experts_local: int = 1
     """Routed experts a rank holds: experts / ep."""
+    expert_tp: int | None = None
+    """Ranks an MoE MLP is split over (Stack.moe_tensor_parallel): tp where None, 1 where each tp rank runs it
+    whole."""
     act_bytes: int = ACT_BYTES
     """Bytes per activation element (4 for fp32 training, twin.step.compute.act_bytes)."""
 
@@ -70,14 +73,15 @@ def tensor_sizes(m: ModelSpec, shape: Shape, moe: bool) -> dict[str, float]:
     t = shape.tp
     hq, hkv = m.heads * m.d_head, m.n_kv_heads * m.d_head
     width = (m.moe_ffn_hidden or 0) * (m.top_k + m.shared_experts) if moe else m.ffn_hidden
+    mlp_t = mlp_tp(shape, moe)
     return {
         "h": float(m.hidden),
         "h_sp": m.hidden / t if shape.sequence_parallel else float(m.hidden),
         "qkv": (hq + 2 * hkv) / t,
         "qk": (hq + hkv) / t,
         "ctx": hq / t,
-        "ffn_in": width * (2 if m.glu else 1) / t,
-        "ffn": width / t,
+        "ffn_in": width * (2 if m.glu else 1) / mlp_t,
+        "ffn": width / mlp_t,
         "scores": m.heads / t * (shape.seq_kv or shape.tokens),
         "logits": m.vocab / t,
     }
@@ -98,7 +102,7 @@ def weight_gemms(m: ModelSpec, shape: Shape, moe: bool) -> dict[str, list[Gemm]]
         up: list[Gemm] = [(tokens, ups * width, h, 1.0)] if fused else [(tokens, width, h, 1.0)] * ups
         return {**gemms, "fc1": up, "fc2": [(tokens, h, width, 1.0)]}
     assert m.moe_ffn_hidden is not None
-    width = m.moe_ffn_hidden / t
+    width = m.moe_ffn_hidden / mlp_tp(shape, moe)
     per_expert = tokens * m.top_k / shape.experts_local * routed_load(m)  # each local expert's rows
     e = float(shape.experts_local)
     fc1: list[Gemm] = [(tokens, float(m.experts), h, 1.0), (per_expert, ups * width, h, e)]  # router, experts
@@ -107,6 +111,16 @@ def weight_gemms(m: ModelSpec, shape: Shape, moe: bool) -> dict[str, list[Gemm]]
         fc1.append((tokens, ups * width * m.shared_experts, h, 1.0))
         fc2.append((tokens, h, width * m.shared_experts, 1.0))
     return {**gemms, "fc1": fc1, "fc2": fc2}
+
+
+def expert_split(tp: int, stack: Stack) -> int:
+    """Ranks an MoE MLP is split over under `stack`: tp where it splits experts as dense MLPs, else 1."""
+    return tp if stack.moe_tensor_parallel else 1
+
+
+def mlp_tp(shape: Shape, moe: bool) -> int:
+    """Ranks a layer's MLP is split over: tp, or the stack's expert split for an MoE layer."""
+    return shape.expert_tp or shape.tp if moe else shape.tp
 
 
 def routed_load(m: ModelSpec) -> float:

@@ -15,14 +15,17 @@ residual tensors; full recompute keeps only each layer's input.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from functools import lru_cache
 
 from plan.cluster import Cluster
 from plan.model_math import attention_params, mlp_params
 from plan.schema import Plan
 from plan.stack import Stack
+from plan.stacks import load_stack
 from twin.step.compute import ACT_BYTES, act_bytes
-from twin.step.kernels import Shape, tensor_sizes
+from twin.step.kernels import Shape, expert_split, tensor_sizes
 from twin.step.schedules import stage_rank
 
 GiB = 2**30
@@ -66,15 +69,30 @@ class MemoryBreakdown:
 
 
 def layer_params(plan: Plan, layer: int) -> StageParams:
-    """Parameters of one layer on one rank (sharded by tp, experts also by ep)."""
+    """Parameters of one layer on one rank (sharded by tp, experts also by ep; an MoE MLP by tp only where the
+    stack splits it, Stack.moe_tensor_parallel)."""
     m, lay = plan.model, plan.layout
     dense = (attention_params(m) + 2 * m.hidden) / lay.tp
     if m.is_moe and layer >= m.dense_layers:
         assert m.moe_ffn_hidden is not None
         expert = mlp_params(m, m.moe_ffn_hidden)
-        dense += m.hidden * m.experts + m.shared_experts * expert / lay.tp
-        return StageParams(dense, m.experts * expert / (lay.tp * lay.ep))
+        split = expert_tp(plan)
+        dense += m.hidden * m.experts + m.shared_experts * expert / split
+        return StageParams(dense, m.experts * expert / (split * lay.ep))
     return StageParams(dense + mlp_params(m, m.ffn_hidden) / lay.tp, 0.0)
+
+
+def expert_tp(plan: Plan) -> int:
+    """Ranks an MoE MLP is split over: tp where the plan's stack splits experts as dense MLPs, else 1."""
+    if plan.layout.tp == 1:
+        return 1
+    return expert_split(plan.layout.tp, _stack(plan.stack.name, json.dumps(plan.stack.overrides, sort_keys=True)))
+
+
+@lru_cache(maxsize=64)
+def _stack(name: str, overrides_json: str) -> Stack:
+    """The plan's stack, remembered by name and overrides: `layer_params` runs thousands of times in a search."""
+    return load_stack(name, json.loads(overrides_json))
 
 
 def stage_layer_ranges(plan: Plan) -> tuple[range, ...]:
@@ -111,7 +129,10 @@ def activation_bytes(plan: Plan, stack: Stack, moe: bool) -> tuple[float, float]
     needs, and a fused attention's output and log-sum-exp. Selective recompute drops what the recomputed kernels
     wrote (the attention core's); full recompute keeps only the layer's input."""
     m, lay = plan.model, plan.layout
-    shape = Shape(lay.microbatch_size * m.seq_len // lay.cp, lay.tp, lay.sequence_parallel, seq_kv=m.seq_len)
+    split = expert_split(lay.tp, stack)
+    shape = Shape(
+        lay.microbatch_size * m.seq_len // lay.cp, lay.tp, lay.sequence_parallel, seq_kv=m.seq_len, expert_tp=split
+    )
     sizes = tensor_sizes(m, shape, moe)
     if lay.recompute == "full":
         return shape.tokens * sizes["h_sp"] * act_bytes(plan.training.dtype), 1.0
@@ -130,7 +151,7 @@ def activation_bytes(plan: Plan, stack: Stack, moe: bool) -> tuple[float, float]
         kept += 2 * (sizes["h"] - sizes["h_sp"])
     if moe:  # the experts' dispatched inputs and the router's probabilities
         assert m.moe_ffn_hidden is not None
-        kept += m.top_k * m.hidden / lay.tp + 2 * m.experts
+        kept += m.top_k * m.hidden / split + 2 * m.experts
     weight_inputs = 2 * sizes["h_sp"] + sizes["ctx"] + sizes["ffn"]
     share = min(1.0, weight_inputs / kept) if kept else 0.0
     # fp8 training caches the inputs of its fp8 GEMMs in fp8 (DeepSeek-V3 report §3.3.3)
