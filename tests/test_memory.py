@@ -106,9 +106,8 @@ def test_experts_are_split_over_tp_only_where_the_stack_splits_them() -> None:
     moe_layer = whole.model.dense_layers  # the first MoE layer
     held, halved = layer_params(whole, moe_layer), layer_params(split, moe_layer)
     assert held.expert == pytest.approx(2 * halved.expert)  # tp = 2
-    dense_layer = layer_params(whole, 0) if whole.model.dense_layers else None
-    if dense_layer is not None:
-        assert dense_layer == layer_params(split, 0)  # a dense MLP is split the same under both
+    assert whole.model.dense_layers == 1
+    assert layer_params(whole, 0) == layer_params(split, 0)  # the dense first layer is split the same under both
     e = whole.model
     assert e.moe_ffn_hidden is not None
     expert = 3 * e.hidden * e.moe_ffn_hidden  # SwiGLU: gate, up, down

@@ -120,7 +120,7 @@ def expert_split(tp: int, stack: Stack) -> int:
 
 def mlp_tp(shape: Shape, moe: bool) -> int:
     """Ranks a layer's MLP is split over: tp, or the stack's expert split for an MoE layer."""
-    return shape.expert_tp or shape.tp if moe else shape.tp
+    return (shape.expert_tp or shape.tp) if moe else shape.tp
 
 
 def routed_load(m: ModelSpec) -> float:

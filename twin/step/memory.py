@@ -15,15 +15,13 @@ residual tensors; full recompute keeps only each layer's input.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
-from functools import lru_cache
 
+from plan import loader
 from plan.cluster import Cluster
 from plan.model_math import attention_params, mlp_params
 from plan.schema import Plan
 from plan.stack import Stack
-from plan.stacks import load_stack
 from twin.step.compute import ACT_BYTES, act_bytes
 from twin.step.kernels import Shape, expert_split, tensor_sizes
 from twin.step.schedules import stage_rank
@@ -84,15 +82,7 @@ def layer_params(plan: Plan, layer: int) -> StageParams:
 
 def expert_tp(plan: Plan) -> int:
     """Ranks an MoE MLP is split over: tp where the plan's stack splits experts as dense MLPs, else 1."""
-    if plan.layout.tp == 1:
-        return 1
-    return expert_split(plan.layout.tp, _stack(plan.stack.name, json.dumps(plan.stack.overrides, sort_keys=True)))
-
-
-@lru_cache(maxsize=64)
-def _stack(name: str, overrides_json: str) -> Stack:
-    """The plan's stack, remembered by name and overrides: `layer_params` runs thousands of times in a search."""
-    return load_stack(name, json.loads(overrides_json))
+    return expert_split(plan.layout.tp, loader.plan_stack(plan)) if plan.layout.tp > 1 else 1
 
 
 def stage_layer_ranges(plan: Plan) -> tuple[range, ...]:

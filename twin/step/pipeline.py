@@ -23,7 +23,7 @@ import simpy
 
 from twin.step.host import SharedCores
 from twin.step.pipeline_data import ActionCost, PipelineInput, PipelineResult, RankTimes, Slice
-from twin.step.schedules import Action
+from twin.step.schedules import Action, receiver
 
 
 class _Sim:
@@ -237,11 +237,8 @@ class _Sim:
 
     def send(self, a: Action, rank: int) -> simpy.Event | None:
         """Start sending what `a` produced to the stage that needs it; the transfer, or None if none is needed."""
-        if a.kind == "F" and a.stage < self.last_stage:
-            target = a.stage + 1
-        elif a.kind == "B" and a.stage > 0:
-            target = a.stage - 1
-        else:
+        target = receiver(a, len(self.inp.stage_rank))
+        if target is None:
             return None
         dst = self.inp.stage_rank[target]
         if dst == rank:

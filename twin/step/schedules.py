@@ -53,6 +53,16 @@ def splits_weight_grad(schedule: str) -> bool:
     return schedule in SPLIT_W
 
 
+def receiver(a: Action, stages: int) -> int | None:
+    """The stage that takes what `a` produces: a forward's activation goes to the next stage, a backward's input
+    gradient to the previous one; None for a weight-gradient pass and at the model's two ends."""
+    if a.kind == "F" and a.stage < stages - 1:
+        return a.stage + 1
+    if a.kind == "B" and a.stage > 0:
+        return a.stage - 1
+    return None
+
+
 def stage_rank(schedule: str, pp: int, stage: int) -> int:
     """The pipeline rank that holds model stage `stage`."""
     if schedule in V_SHAPED:

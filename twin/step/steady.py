@@ -34,7 +34,7 @@ import numpy as np
 
 from twin.step.pipeline import Watched, simulate
 from twin.step.pipeline_data import PipelineInput, PipelineResult, RankTimes, Slice
-from twin.step.schedules import Action
+from twin.step.schedules import Action, receiver
 
 EXTENDED = frozenset({"gpipe", "1f1b", "interleaved-1f1b"})
 """Schedules whose warm-up ends within two pipeline depths: three short simulations tell their steady state. The
@@ -71,8 +71,10 @@ def simulate_extended(
     """The step of `m` microbatches from short simulations extended past their steady state where that is exact,
     else the full simulation (`inp` with the orders of m; its own orders are not used).
 
-    Simulates counts a period apart from `sample_counts`' first until the last three agree (the two differences
-    equal on every figure), one more count at a time while all of them together cost less than m microbatches.
+    GPipe and 1F1B: simulates counts a period apart from `sample_counts`' first until the last three agree (the two
+    differences equal on every figure), one more count at a time while all of them together cost less than m
+    microbatches. A zero-bubble schedule is watched until its events repeat (`_watched_until_periodic`), except on
+    a CPU host, whose shared cores are state the events do not show: it is simulated whole there.
     The timeline (`slices`) of an extended result is the last simulation's; `extended_from` says its count."""
     counts = sample_counts(schedule, pp, m)
     if counts is None:
@@ -101,20 +103,26 @@ def _extend(a: PipelineResult, b: PipelineResult, c: PipelineResult, steps: floa
             return None
         return z + steps * (z - x) / 2
 
-    step = grow(a.step_s, b.step_s, c.step_s)
-    events = grow(a.events, b.events, c.events)
+    return _combined((a, b, c), grow, n)
+
+
+def _combined(results: Sequence[PipelineResult], grow: Callable[..., float | None], n: int) -> PipelineResult | None:
+    """A result whose every figure (step, events, each rank's times) is `grow` of that figure in `results`, with
+    the last one's timeline; None where `grow` refuses a figure."""
+    step = grow(*(r.step_s for r in results))
+    events = grow(*(r.events for r in results))
     if step is None or events is None:
         return None
     ranks = []
-    for ra, rb, rc in zip(a.ranks, b.ranks, c.ranks, strict=True):
+    for rank in zip(*(r.ranks for r in results), strict=True):
         values = {}
         for f in fields(RankTimes):
-            value = grow(getattr(ra, f.name), getattr(rb, f.name), getattr(rc, f.name))
+            value = grow(*(getattr(t, f.name) for t in rank))
             if value is None:
                 return None
             values[f.name] = value
         ranks.append(RankTimes(**values))
-    return PipelineResult(step, tuple(ranks), c.slices, round(events), extended_from=n)
+    return PipelineResult(step, tuple(ranks), results[-1].slices, round(events), extended_from=n)
 
 
 def _watched_until_periodic(
@@ -130,14 +138,15 @@ def _watched_until_periodic(
     earliest = window + 2
     if 2 * (earliest + tail) + 1 >= m - earliest:  # even a repeat seen at once would not save time
         return simulate(replace(inp, orders=orders_for(m)))
-    orders = orders_for(m)
-    slots = _slots(inp, orders)
-    look_s = window * _floor_per_microbatch_s(inp, orders)
+    slots = _slots(inp, short)  # microbatch 0's actions: the same in an order of any length
+    look_s = window * _floor_per_microbatch_s(inp, short)
     table = np.full((len(slots), m), np.nan)
-    watched = Watched(replace(inp, orders=orders))
+    watched = Watched(replace(inp, orders=orders_for(m)))
     seen = [0, 0]  # slices and arrivals already in `table`
+    done = 0
     while watched.advance(look_s):
-        done = _fill(table, slots, watched.slices[seen[0] :], islice(watched.arrivals.items(), seen[1], None))
+        new_arrivals = islice(watched.arrivals.items(), seen[1], None)
+        done = _fill(table, slots, watched.slices[seen[0] :], new_arrivals, done)
         seen = [len(watched.slices), len(watched.arrivals)]
         n = done + tail
         if 2 * n + 1 >= m - done:  # the two short steps would cost what is left of this one
@@ -173,32 +182,24 @@ def _two_short_steps(
     return _affine(a, b, m - n - 1, n + 1)
 
 
-def _affine(a: PipelineResult, b: PipelineResult, periods: int, n: int) -> PipelineResult:
+def _affine(a: PipelineResult, b: PipelineResult, periods: int, n: int) -> PipelineResult | None:
     """`b` (of `n` microbatches) plus `periods` more of what `b` adds to `a`."""
-
-    def grow(x: float, y: float) -> float:
-        return y + periods * (y - x)
-
-    ranks = tuple(
-        RankTimes(**{f.name: grow(getattr(ra, f.name), getattr(rb, f.name)) for f in fields(RankTimes)})
-        for ra, rb in zip(a.ranks, b.ranks, strict=True)
-    )
-    return PipelineResult(grow(a.step_s, b.step_s), ranks, b.slices, round(grow(a.events, b.events)), extended_from=n)
+    return _combined((a, b), lambda x, y: y + periods * (y - x), n)
 
 
 def _slots(inp: PipelineInput, orders: Sequence[Sequence[Action]]) -> dict[tuple[str, int, int], int]:
     """A row for every time each microbatch passes: each action's start (0) and end (1) by (kind, stage), and the
     arrival (2) of each message it sends to another rank, by (kind, the stage it feeds)."""
     slots: dict[tuple[str, int, int], int] = {}
-    last = len(inp.stage_rank) - 1
+    ranks = inp.stage_rank
     for order in orders:
         for a in order:
             if a.microbatch:
                 continue
             slots.setdefault((a.kind, a.stage, 0), len(slots))
             slots.setdefault((a.kind, a.stage, 1), len(slots))
-            target = a.stage + 1 if a.kind == "F" else a.stage - 1
-            if a.kind != "W" and 0 <= target <= last and inp.stage_rank[target] != inp.stage_rank[a.stage]:
+            target = receiver(a, len(ranks))
+            if target is not None and ranks[target] != ranks[a.stage]:
                 slots.setdefault((a.kind, target, 2), len(slots))
     return slots
 
@@ -207,14 +208,13 @@ def reach(inp: PipelineInput, orders: Sequence[Sequence[Action]]) -> int:
     """The most microbatches apart two events are where one directly follows the other: consecutive actions of a
     rank, or consecutive messages on one link. An event depends on nothing further back, so a window this wide
     (plus a period) that repeats holds everything the rest of the step follows from."""
-    last = len(inp.stage_rank) - 1
     reach = 0
     for order in orders:
         reach = max([reach, *(abs(x.microbatch - y.microbatch) for x, y in pairwise(order))])
         links: dict[int, list[int]] = {}
         for a in order:
-            target = a.stage + 1 if a.kind == "F" else a.stage - 1
-            if a.kind != "W" and 0 <= target <= last:
+            target = receiver(a, len(inp.stage_rank))
+            if target is not None:
                 links.setdefault(inp.stage_rank[target], []).append(a.microbatch)
         for sent in links.values():
             reach = max([reach, *(abs(x - y) for x, y in pairwise(sent))])
@@ -232,16 +232,18 @@ def _fill(
     slots: Mapping[tuple[str, int, int], int],
     slices: Sequence[Slice],
     arrivals: Iterable[tuple[tuple[str, int, int], float]],
+    complete: int = 0,
 ) -> int:
-    """Write new events into `table`; returns how many leading microbatches have all their events."""
+    """Write new events into `table`; returns how many leading microbatches have all their events (the first
+    `complete` had them already)."""
     for s in slices:
         if s.track == "compute" and s.microbatch >= 0:
             table[slots[(s.kind, s.stage, 0)], s.microbatch] = s.start
             table[slots[(s.kind, s.stage, 1)], s.microbatch] = s.end
     for (kind, stage, mb), t in arrivals:
         table[slots[(kind, stage, 2)], mb] = t
-    missing = np.isnan(table).any(axis=0)
-    return int(missing.argmax()) if missing.any() else table.shape[1]
+    missing = np.isnan(table[:, complete:]).any(axis=0)
+    return complete + int(missing.argmax()) if missing.any() else table.shape[1]
 
 
 def _table(slots: Mapping[tuple[str, int, int], int], result: PipelineResult, n: int) -> np.ndarray:
