@@ -133,6 +133,10 @@ class Health:
         self.stopped = threading.Event()
         self.paused = False
         self.lock = threading.Lock()  # the beat thread and the main thread both write this rank's file
+        self.failing = False
+        """A verdict is being recorded: the heartbeat thread, the main thread (`explain`) and the SIGTERM handler
+        can each reach one, at once when torchrun stops the gang while the watchdog names the dead rank."""
+        self.failing_lock = threading.RLock()  # reentrant: the SIGTERM handler can interrupt the main thread's fail
         self.thread = threading.Thread(target=self._loop, name="heartbeat", daemon=True)
 
     def start(self) -> None:
@@ -215,6 +219,11 @@ class Health:
 
     def fail(self, verdict: Verdict) -> NoReturn:
         """Record the verdict (once, from the lowest live rank) and leave, for torchrun to restart the gang."""
+        with self.failing_lock:
+            first, self.failing = not self.failing, True
+        if not first:  # another thread of this rank records the verdict and ends the process
+            while True:
+                time.sleep(self.period)
         mine = [b for b in self.read() if b.attempt == self.attempt and b.gang == self.token]
         live = [b.rank for b in mine if b.rank != verdict.rank]
         if self.rank == min(live, default=self.rank):
@@ -262,6 +271,8 @@ class Health:
 
     def _on_sigterm(self, signum: int, frame: FrameType | None) -> None:
         """torchrun stops the gang because some rank failed: name it if we can; either way, this one is not it."""
+        if self.failing:
+            return  # this rank is recording a verdict already (maybe in the frame this handler interrupted)
         verdict = None if self.paused else self.check()
         if verdict is not None:
             self.fail(verdict)

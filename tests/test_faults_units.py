@@ -4,15 +4,18 @@ atomic commit, checksums, retention and corrupt-skip, the watchdog's verdicts, a
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 from typer.testing import CliRunner
 
+from executor import health
 from executor.ckpt_store import clean_staging, commit, committed, final_dir, latest_good, prune, staging_dir, verify
 from executor.faults import flip_bit, weight_checksum
-from executor.health import Beat, diagnose
+from executor.health import Beat, Health, Verdict, diagnose
 from executor.train import _peer_failure
 from plan import loader
 from plan.reliability import FaultSpec
@@ -90,6 +93,35 @@ def test_watchdog_names_the_dead_or_the_longest_silent_rank() -> None:
     died = diagnose(beats, 0, now, 3.0, "h", alive)
     assert died is not None and (died.rank, died.cause) == (1, "died")
     assert diagnose([beat(0, now - 50, attempt=0)], 1, now, 3.0, "h", alive) is None  # an earlier attempt's
+
+
+class _Exited(Exception):
+    pass
+
+
+def test_a_rank_records_its_verdict_once_however_many_of_its_threads_reach_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The watchdog thread and torchrun's SIGTERM (or a failed collective) can name the dead rank at once: one
+    `detected` event, one failure.json, and the handler leaves the first verdict to finish (CI saw two events)."""
+    recorded: list[tuple[Any, ...]] = []
+
+    def leave(code: int) -> None:
+        raise _Exited(code)
+
+    monkeypatch.setattr(health.os, "_exit", leave)
+    me = Health(tmp_path, 0, 3.0, lambda *a, **kw: recorded.append(a), token="g")
+    me._write()
+    verdict = Verdict(5, 3, "died", 0.4)
+    with pytest.raises(_Exited):
+        me.fail(verdict)
+    assert me._on_sigterm(15, None) is None  # returns to the verdict it interrupted instead of a second one
+    second = threading.Thread(target=me.fail, args=(verdict,), daemon=True)  # parks until the first exits
+    second.start()
+    second.join(timeout=3 * me.period)
+    assert second.is_alive()
+    assert [(name, step, detail["cause"]) for name, step, detail in recorded] == [("detected", 3, "died")]
+    assert (tmp_path / "health" / health.FAILURE_FILE).exists()
 
 
 def test_a_flipped_bit_changes_the_checksum_and_little_else() -> None:
