@@ -10,7 +10,8 @@ Four development tables (every figure public; see ../shared/published and the so
 
 And NVIDIA's DGX Cloud benchmark recipes (NVIDIA/dgxc-benchmarking v25.02, NeMo 24.12), whose settings are
 published whole: the bf16 rows are the table the H100's in-training fraction is fitted on (benchmarks/
-fit_in_training.py); the fp8 rows are left out of that fit.
+fit_in_training.py); the fp8 rows are left out of that fit. The same release's Grok-1 314B recipe (an MoE of 8
+experts, top-2, over EP8) is the MoE table; no fit touches it.
 
 Where a paper is silent, the choice below was fixed before any prediction was compared, and is said.
 """
@@ -361,6 +362,59 @@ def dgxc_plan(row: DgxcRow, overrides: list[str] | None = None) -> Plan:
             "training": {"global_batch": row.batch, "tokens": 1e12, "dtype": row.dtype},
         },
         overrides or [],
+    )
+
+
+@dataclass(frozen=True)
+class GrokRow:
+    """One published step time of NVIDIA/dgxc-benchmarking at 8f5cbb3 (v25.02, nvcr.io/nvidia/nemo:24.12),
+    grok1/README_314b.md, with grok1/grok1_314b.yaml's settings: Grok-1 with the Llama 3 tokenizer (vocabulary
+    128,256), micro-batch 1, no recompute, sequence parallel, the all-to-all dispatcher padding every expert to
+    capacity factor 1.0, userbuffers TP overlap off (`ub_tp_comm_overlap: false`). Below 512 GPUs the recipe runs
+    proxies with fewer layers (and the first three at sequence 4,096), as the README says."""
+
+    gpus: int
+    seq: int
+    layers: int
+    tp: int
+    pp: int
+    cp: int
+    ep: int
+    virtual: int
+    batch: int
+    bf16_s: float
+    fp8_s: float
+    """Published training step times (seconds per step)."""
+
+
+DGXC_GROK_H100 = (
+    GrokRow(8, 4096, 2, 4, 1, 1, 2, 1, 1024, 24.00, 19.71),
+    GrokRow(16, 4096, 4, 4, 1, 1, 4, 1, 1024, 21.71, 17.80),
+    GrokRow(32, 4096, 4, 4, 1, 1, 8, 1, 1024, 10.70, 8.70),
+    GrokRow(64, 8192, 8, 4, 1, 2, 8, 1, 1024, 21.42, 17.53),
+    GrokRow(128, 8192, 16, 4, 2, 2, 8, 8, 1024, 20.73, 16.70),
+    GrokRow(256, 8192, 32, 4, 4, 2, 8, 8, 1024, 20.83, 16.75),
+    GrokRow(512, 8192, 64, 4, 8, 2, 8, 8, 1024, 21.01, 16.90),
+    GrokRow(1024, 8192, 64, 4, 8, 2, 8, 8, 2048, 21.20, 17.01),
+    GrokRow(2048, 8192, 64, 4, 8, 2, 8, 8, 4096, 21.29, 17.30),
+)
+
+
+def grok_plan(row: GrokRow, dtype: str) -> Plan:
+    """The Grok-1 recipe on DGX H100 SuperPOD nodes: ZeRO-1 (the distributed optimizer), the experts over ep
+    inside dp (the README's DP column counts replicas of the whole ep group), interleaved where it sets VP."""
+    model = loader.expand_model({"model": "grok-1"}, "grok-1")["model"]
+    model = {**model, "seq_len": row.seq, "layers": row.layers, "vocab": 128256, "capacity_factor": 1.0}
+    layout = _layout(row.tp, row.pp, row.gpus // (row.tp * row.pp * row.cp), 1, row.virtual, cp=row.cp, ep=row.ep)
+    return api.load_plan(
+        {
+            "name": f"dgxc-grok1-{row.gpus}-{dtype}",
+            "model": model,
+            "cluster": _cluster("dgx-h100-superpod", row.gpus, 16384),
+            "stack": {"name": "nemo-24.12", "overrides": {"tp_overlap": "none"}},
+            "layout": {**layout, "zero": 1, "sequence_parallel": True},
+            "training": {"global_batch": row.batch, "tokens": 1e12, "dtype": dtype},
+        }
     )
 
 

@@ -25,12 +25,14 @@ from rich.table import Table
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script: the repo root
 
 from benchmarks.published import (
+    DGXC_GROK_H100,
     DGXC_H100,
     KORTHIKANTI_A100,
     LLAMA3_TABLE_4,
     MCORE_H100,
     NARAYANAN_TABLE_1,
     dgxc_plan,
+    grok_plan,
     korthikanti_mfu,
     korthikanti_plan,
     llama_plan,
@@ -117,6 +119,20 @@ def dgxc_rows() -> list[Row]:
     return out
 
 
+def grok_rows() -> list[Row]:
+    """Grok-1 314B step times of the same recipes release as throughput errors, bf16 and fp8 (no fit uses them)."""
+    out = []
+    for r in DGXC_GROK_H100:
+        for dtype, published in (("bf16", r.bf16_s), ("fp8", r.fp8_s)):
+            step = predict(grok_plan(r, dtype)).step_time_s
+            layout = f"TP{r.tp} PP{r.pp} CP{r.cp} EP{r.ep}" + (f" VP{r.virtual}" if r.virtual > 1 else "")
+            what = f"grok-1 {r.layers}L {dtype}, {r.gpus:,} H100, {layout}: tokens/s per GPU"
+            per_gpu = r.seq * r.batch / r.gpus
+            source = "NVIDIA/dgxc-benchmarking v25.02 (NeMo 24.12), grok1/README_314b.md"
+            out.append(_row(what, round(per_gpu / published), per_gpu / step, source))
+    return out
+
+
 def _row(what: str, published: float, predicted: float, source: str, kind: str = "validation") -> Row:
     return {
         "what": what,
@@ -135,6 +151,7 @@ TABLES: dict[str, Callable[[], list[Row]]] = {
     "megatron-a100-readme": korthikanti_rows,
     "llama3-table4": llama_rows,
     "dgxc-h100": dgxc_rows,
+    "dgxc-h100-moe": grok_rows,
 }
 
 
@@ -160,7 +177,7 @@ def main() -> None:
     for name, build in TABLES.items():
         t0 = time.perf_counter()
         rows = sorted(build(), key=lambda r: -abs(r["error"]))  # the bad rows first
-        results[name] = {"rows": rows, **summary(rows), "seconds": time.perf_counter() - t0}
+        results[name] = {**summary(rows), "figures": rows, "seconds": time.perf_counter() - t0}
         s = results[name]
         title = f"{name}: mean |error| {s['mean_abs_error']:.1%}, worst {s['worst_abs_error']:.1%} ({s['rows']} rows)"
         if "fit_rows" in s and "validation_rows" in s:

@@ -125,6 +125,10 @@ class Stack(UserSection):
     collectives around them (Megatron-Core's expert tensor parallelism, equal to tp by default); false: every tp rank
     runs the MoE MLP whole on the whole sequence, holding whole experts and needing no collective around it (the
     executor's layers)."""
+    fp8_dispatch: bool = False
+    """An fp8 plan's expert-parallel dispatch all-to-all moves fp8 tokens (DeepSeek-V3 §3.3.2 quantizes them before
+    dispatch; the combine stays BF16); false: dispatch and combine move 16-bit tokens (Megatron-Core 0.10's
+    all-to-all dispatcher permutes the layer's bf16 hidden states; Transformer Engine casts to fp8 in the GEMM)."""
     tp_overlap_chunks: PositiveFloat = 1.0
     """With userbuffers: chunks each overlapped collective is cut into; the first (or last) chunk stays exposed."""
     tp_overlap_sms: NonNegativeInt = 0

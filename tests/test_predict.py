@@ -12,6 +12,9 @@ from typer.testing import CliRunner
 from plan import loader
 from twin import api
 from twin.cli.app import app
+from twin.step.comm_costs import layer_comm, tp_comm
+from twin.step.context import shape_of, step_context
+from twin.step.kernels import layer_cost
 from twin.step.predict import PredictOptions, predict, straggler_factor
 
 BREAKDOWN = {
@@ -170,3 +173,29 @@ def test_an_moe_layer_run_whole_on_each_tp_rank_has_only_its_attention_collectiv
     moe_layers = m.layers - m.dense_layers
     per_microbatch = m.dense_layers * (2 + 2 + 3) + moe_layers * (2 * moe_blocks + 2 + moe_blocks - 1) + 1 + 1
     assert result.breakdown_s["tp_comm"] == pytest.approx(plan.num_microbatches * per_microbatch * one, rel=1e-9)
+
+
+@pytest.mark.parametrize("dtype,stack,widths", [("bf16", "nemo-24.12", (2, 2)), ("fp8", "nemo-24.12", (2, 2)),
+                                                ("fp8", "deepseek-v3", (1, 2))])  # fmt: skip
+def test_an_sp_split_moe_layer_routes_its_own_shard_and_gathers_the_routed_copies_over_tp(
+    dtype: str, stack: str, widths: tuple[int, int]
+) -> None:
+    """Megatron-Core's all-to-all dispatcher under sequence parallelism: each tp rank dispatches and combines its
+    own s/tp tokens' top_k copies over ep (16-bit under fp8 unless the stack dispatches fp8, DeepSeek-V3 §3.3.2),
+    then all-gathers the copies it received over tp before the experts and reduce-scatters them after, exposed; the
+    attention block keeps its own gather and scatter."""
+    overrides = ["cluster=dgx-h100-superpod", f"stack={stack}", "layout.tp=4", "layout.pp=1", "layout.dp=8",
+                 "layout.ep=8", "layout.sequence_parallel=true", "layout.fused_projections=true",
+                 "stack.overrides.tp_overlap=none", "stack.overrides.sp_regather_input=false",
+                 f"training.dtype={dtype}"]  # fmt: skip
+    plan = loader.load("cpu-tiny-moe", overrides)
+    ctx = step_context(plan, loader.plan_cluster(plan), PredictOptions(stragglers=False))
+    cost = layer_cost(plan.model, shape_of(ctx), ctx.device, ctx.stack, True, plan.layout.recompute)
+    m, tokens = plan.model, plan.layout.microbatch_size * plan.model.seq_len
+    a2a = sum(ctx.time("all_to_all", tokens / 4 * m.top_k * m.hidden * w, ctx.span("ep")) for w in widths)
+    assert layer_comm(ctx, cost, moe=True)["ep"] == pytest.approx((a2a, a2a), rel=1e-12)
+    stream, copies = tokens * m.hidden * ctx.comm_bytes, tokens * m.top_k * m.hidden * 2
+    blocks = 1 + m.shared_experts  # the attention block's and the shared expert's own gather and scatter
+    own = blocks * (ctx.time("all_gather", stream, ctx.span("tp")) + ctx.time("reduce_scatter", stream, ctx.span("tp")))
+    routed = ctx.time("all_gather", copies, ctx.span("tp")) + ctx.time("reduce_scatter", copies, ctx.span("tp"))
+    assert tp_comm(ctx, cost, moe=True) == pytest.approx((own + routed, own + routed), rel=1e-12)

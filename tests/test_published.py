@@ -25,6 +25,8 @@ BOUNDS = {  # table: (mean |error|, worst |error|)
     "megatron-a100-readme": (0.05, 0.10),
     "llama3-table4": (0.05, 0.06),
     "dgxc-h100": (0.05, 0.10),
+    # misses the target: optimistic on every row, fp8 most (+17% to +34%), bf16 +4.5% to +13% (README, Fidelity)
+    "dgxc-h100-moe": (0.15, 0.35),
 }
 LLAMA3_MFU_POINTS = 0.025
 """Llama 3 Table 4 prints MFU to whole points; a row may be off by 2 points and the rounding."""

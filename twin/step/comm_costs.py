@@ -30,36 +30,56 @@ def overlapped(comm: float, compute: float, chunks: float) -> float:
 def tp_comm(ctx: StepContext, cost: PassCost, moe: bool = False) -> tuple[float, float]:
     """Exposed (forward, backward) seconds of one layer's tensor-parallel collectives for one microbatch. An MoE
     layer whose stack runs the MLP whole on every tp rank (Stack.moe_tensor_parallel false; without sequence
-    parallelism, as the executor requires) has the attention block's collectives only."""
+    parallelism, as the executor requires) has the attention block's collectives only. One whose experts are split
+    under sequence parallelism routes its own shard of tokens: the dispatcher all-gathers the top_k copies it
+    receives over tp before the experts and reduce-scatters them after (Megatron-Core core_v0.10.0
+    moe/token_dispatcher.py, MoEAlltoAllTokenDispatcher), plain collectives no GEMM hides; the attention block's
+    (and a shared expert's) collectives overlap the attention GEMMs only."""
     m, lay, stack = ctx.plan.model, ctx.plan.layout, ctx.stack
     tokens = lay.microbatch_size * m.seq_len // lay.cp
     stream = tokens * m.hidden * ctx.comm_bytes
     tp = ctx.span("tp")
     dgrad, wgrad = cost.gemm_s
+    forward_gemm = cost.forward_gemm_s
     mode = stack.tp_overlap
     split_mlp = not moe or stack.moe_tensor_parallel
+    dispatched = moe and dispatches_shards(ctx)
+    blocks = 2 if split_mlp else 1
+    if dispatched:
+        blocks = 1 + (1 if m.shared_experts else 0)
+        forward_gemm, dgrad, wgrad = cost.attention_gemm_s
     if not lay.sequence_parallel:
         ar = ctx.time("all_reduce", stream, tp)
-        blocks = 2 if split_mlp else 1
         fwd, bwd = blocks * ar, blocks * ar
         if mode != "none":  # the input gradient's all-reduce runs under the weight-gradient GEMM (async)
             bwd = max(0.0, blocks * ar - wgrad)
     else:
-        ag, rs = ctx.time("all_gather", stream, tp), ctx.time("reduce_scatter", stream, tp)
-        fwd = 2 * ag + 2 * rs
+        ag, rs = blocks * ctx.time("all_gather", stream, tp), blocks * ctx.time("reduce_scatter", stream, tp)
+        fwd = ag + rs
         if mode == "none":
-            bwd = (4 if stack.sp_regather_input else 2) * ag + 2 * rs
+            bwd = (2 if stack.sp_regather_input else 1) * ag + rs
         elif mode == "backward":
-            bwd = 2 * ag + max(0.0, 2 * ag - dgrad) + max(0.0, 2 * rs - wgrad)
+            bwd = ag + max(0.0, ag - dgrad) + max(0.0, rs - wgrad)
         else:
             chunks = stack.tp_overlap_chunks
-            hidden = fwd - overlapped(fwd, cost.forward_gemm_s, chunks)
-            fwd = overlapped(fwd, cost.forward_gemm_s, chunks) + _contention(ctx, hidden)
-            exposed = overlapped(4 * ag, dgrad, chunks) + overlapped(2 * rs, wgrad, chunks)
-            bwd = exposed + _contention(ctx, 4 * ag + 2 * rs - exposed)
+            hidden = fwd - overlapped(fwd, forward_gemm, chunks)
+            fwd = overlapped(fwd, forward_gemm, chunks) + _contention(ctx, hidden)
+            exposed = overlapped(2 * ag, dgrad, chunks) + overlapped(rs, wgrad, chunks)
+            bwd = exposed + _contention(ctx, 2 * ag + rs - exposed)
+    if dispatched:  # the gather's backward is a reduce-scatter and the scatter's a gather: the same two, exposed
+        routed = tokens * m.top_k * routed_load(m) * m.hidden * ctx.ep_bytes[1]
+        both = ctx.time("all_gather", routed, tp) + ctx.time("reduce_scatter", routed, tp)
+        fwd, bwd = fwd + both, bwd + both
     # unfused projections: Q, K, V (and gate, up where the MLP is split) each all-reduce their input gradient
     extra = 0 if lay.fused_projections else (2 + (1 if m.glu and split_mlp else 0)) * ctx.time("all_reduce", stream, tp)
     return fwd, bwd + extra
+
+
+def dispatches_shards(ctx: StepContext) -> bool:
+    """Whether each tp rank routes its own sequence-parallel shard of an MoE layer's tokens (experts split over tp
+    under sequence parallelism, Megatron-Core), rather than every tp rank all of them."""
+    lay = ctx.plan.layout
+    return lay.tp > 1 and lay.sequence_parallel and ctx.stack.moe_tensor_parallel
 
 
 def _contention(ctx: StepContext, overlap_s: float) -> float:
@@ -80,8 +100,9 @@ def layer_comm(ctx: StepContext, cost: PassCost, moe: bool, paired: bool = False
     if lay.cp > 1:
         out["cp"] = cp_comm(ctx, cost, tokens)
     if moe and lay.ep > 1:  # dispatch and combine all-to-alls of top_k copies of each token, each way
-        moved = tokens * m.top_k * m.hidden * ctx.comm_bytes * routed_load(m)  # the busiest rank's share sets it
-        a2a = 2 * ctx.time("all_to_all", moved, ctx.span("ep"))
+        routed = tokens // (lay.tp if dispatches_shards(ctx) else 1)
+        moved = routed * m.top_k * m.hidden * routed_load(m)  # the busiest rank's share sets it
+        a2a = sum(ctx.time("all_to_all", moved * width, ctx.span("ep")) for width in ctx.ep_bytes)
         if paired:  # DualPipe overlaps it with the paired microbatch's compute
             out["ep"] = (max(0.0, a2a - cost.forward_s), max(0.0, a2a - cost.backward_input_s))
         else:

@@ -56,6 +56,14 @@ class StepContext:
         return {"fp8": 1, "fp32": 4}.get(self.plan.training.dtype, 2)
 
     @property
+    def ep_bytes(self) -> tuple[int, int]:
+        """Bytes per element of an MoE layer's dispatch and combine: 16 bits under fp8 (the tokens are the layer's
+        bf16 hidden states) but an fp8 dispatch where the stack sends one (Stack.fp8_dispatch), else comm_bytes."""
+        if self.plan.training.dtype == "fp8":
+            return (1 if self.stack.fp8_dispatch else 2), 2
+        return self.comm_bytes, self.comm_bytes
+
+    @property
     def grad_bytes(self) -> int:
         return grad_reduce_bytes(self.plan, self.stack)
 

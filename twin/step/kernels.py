@@ -64,6 +64,9 @@ class PassCost:
     """Seconds of the weight GEMMs' input- and weight-gradient halves (what backward TP collectives overlap)."""
     forward_gemm_s: float = 0.0
     """Seconds of the forward weight GEMMs (what forward TP collectives overlap under userbuffers)."""
+    attention_gemm_s: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    """Forward, input-gradient and weight-gradient seconds of the attention block's GEMMs (qkv, proj): what its
+    own TP collectives can overlap in an MoE layer, whose expert GEMMs sit behind the dispatcher's collectives."""
     kernels: tuple[int, int] = (0, 0)
     """Kernels issued forward and backward (the host must dispatch each)."""
 
@@ -146,20 +149,29 @@ class _Tally:
         self.seconds, self.flops, self.kernels = self.seconds + seconds, self.flops + flops, self.kernels + kernels
 
 
+ATTENTION_GEMMS = ("qkv", "proj")
+"""The attention block's weight GEMMs (plan.stack.GEMMS); fc1 and fc2 are the MLP's."""
+
+
 def layer_cost(m: ModelSpec, shape: Shape, device: Device, stack: Stack, moe: bool, recompute: str) -> PassCost:
     """One layer's compute for one microbatch on one rank under a recompute policy, as the stack runs it."""
     sizes = tensor_sizes(m, shape, moe)
     gemms = weight_gemms(m, shape, moe)
     fwd, dgrad, wgrad, other, again = _Tally(), _Tally(), _Tally(), _Tally(), _Tally()
     attention_fwd = fwd_gemm = 0.0
+    attention_gemms = [0.0, 0.0, 0.0]
     for kernel in stack.layer:
         before = fwd.seconds
         if kernel.gemm:
+            tallies = (fwd.seconds, dgrad.seconds, wgrad.seconds)
             for mm, nn, kk, b in gemms[kernel.gemm]:
                 fwd.add(_batched(device, mm, nn, kk, b, DTENSOR_OPS_FORWARD), 2 * mm * nn * kk * b)
                 dgrad.add(_batched(device, mm, kk, nn, b, DTENSOR_OPS_BACKWARD / 2), 2 * mm * nn * kk * b)
                 wgrad.add(_batched(device, kk, nn, mm, b, DTENSOR_OPS_BACKWARD / 2), 2 * mm * nn * kk * b)
             fwd_gemm += fwd.seconds - before
+            if kernel.gemm in ATTENTION_GEMMS:
+                for i, now in enumerate((fwd.seconds, dgrad.seconds, wgrad.seconds)):
+                    attention_gemms[i] += now - tallies[i]
         elif kernel.attention:
             attention_fwd += _attention(m, shape, device, kernel, fwd, other)
         else:
@@ -184,6 +196,7 @@ def layer_cost(m: ModelSpec, shape: Shape, device: Device, stack: Stack, moe: bo
         attention_s=attention_fwd,
         gemm_s=(dgrad.seconds, wgrad.seconds),
         forward_gemm_s=fwd_gemm,
+        attention_gemm_s=(attention_gemms[0], attention_gemms[1], attention_gemms[2]),
         kernels=(fwd.kernels, dgrad.kernels + wgrad.kernels + other.kernels),
     )
 
