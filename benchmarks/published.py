@@ -405,14 +405,14 @@ def grok_plan(row: GrokRow, dtype: str) -> Plan:
     inside dp (the README's DP column counts replicas of the whole ep group), interleaved where it sets VP."""
     model = loader.expand_model({"model": "grok-1"}, "grok-1")["model"]
     model = {**model, "seq_len": row.seq, "layers": row.layers, "vocab": 128256, "capacity_factor": 1.0}
-    layout = _layout(row.tp, row.pp, row.gpus // (row.tp * row.pp * row.cp), 1, row.virtual, cp=row.cp, ep=row.ep)
+    dp = row.gpus // (row.tp * row.pp * row.cp)
     return api.load_plan(
         {
             "name": f"dgxc-grok1-{row.gpus}-{dtype}",
             "model": model,
             "cluster": _cluster("dgx-h100-superpod", row.gpus, 16384),
             "stack": {"name": "nemo-24.12", "overrides": {"tp_overlap": "none"}},
-            "layout": {**layout, "zero": 1, "sequence_parallel": True},
+            "layout": _layout(row.tp, row.pp, dp, 1, row.virtual, cp=row.cp, ep=row.ep, zero=1, sequence_parallel=True),
             "training": {"global_batch": row.batch, "tokens": 1e12, "dtype": dtype},
         }
     )

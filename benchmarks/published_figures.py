@@ -113,9 +113,8 @@ def dgxc_rows() -> list[Row]:
         tp = f"TP{r.tp} PP{r.pp} CP{r.cp}" + (f" VP{r.virtual}" if r.virtual > 1 else "")
         what = f"{r.model} {r.dtype}, {r.gpus:,} H100, {tp}: tokens/s per GPU"
         kind = "fit" if r.dtype == "bf16" else "validation"
-        per_gpu = r.seq * r.batch / r.gpus
         source = "NVIDIA/dgxc-benchmarking v25.02 (NeMo 24.12)"
-        out.append(_row(what, round(per_gpu / r.step_s), per_gpu / step, source, kind))
+        out.append(_tokens_per_gpu_row(what, r.seq * r.batch / r.gpus, r.step_s, step, source, kind))
     return out
 
 
@@ -127,10 +126,16 @@ def grok_rows() -> list[Row]:
             step = predict(grok_plan(r, dtype)).step_time_s
             layout = f"TP{r.tp} PP{r.pp} CP{r.cp} EP{r.ep}" + (f" VP{r.virtual}" if r.virtual > 1 else "")
             what = f"grok-1 {r.layers}L {dtype}, {r.gpus:,} H100, {layout}: tokens/s per GPU"
-            per_gpu = r.seq * r.batch / r.gpus
             source = "NVIDIA/dgxc-benchmarking v25.02 (NeMo 24.12), grok1/README_314b.md"
-            out.append(_row(what, round(per_gpu / published), per_gpu / step, source))
+            out.append(_tokens_per_gpu_row(what, r.seq * r.batch / r.gpus, published, step, source))
     return out
+
+
+def _tokens_per_gpu_row(
+    what: str, tokens_per_gpu: float, published_s: float, predicted_s: float, source: str, kind: str = "validation"
+) -> Row:
+    """A published step time as throughput (tokens per GPU per second, rounded as the recipes print it)."""
+    return _row(what, round(tokens_per_gpu / published_s), tokens_per_gpu / predicted_s, source, kind)
 
 
 def _row(what: str, published: float, predicted: float, source: str, kind: str = "validation") -> Row:

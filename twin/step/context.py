@@ -51,8 +51,9 @@ class StepContext:
 
     @property
     def comm_bytes(self) -> int:
-        """Bytes per element of activation traffic: fp8 where the plan trains in fp8 (DeepSeek-V3 §3.3 sends
-        dispatch and activations in fp8), fp32 in fp32, else 16 bits."""
+        """Bytes per element of tensor-, context- and pipeline-parallel activation traffic: fp8 where the plan trains
+        in fp8 (DeepSeek-V3 §3.3 caches and sends activations in fp8), fp32 in fp32, else 16 bits. An MoE layer's
+        dispatch and combine have their own widths (`ep_bytes`)."""
         return {"fp8": 1, "fp32": 4}.get(self.plan.training.dtype, 2)
 
     @property

@@ -159,19 +159,23 @@ def layer_cost(m: ModelSpec, shape: Shape, device: Device, stack: Stack, moe: bo
     gemms = weight_gemms(m, shape, moe)
     fwd, dgrad, wgrad, other, again = _Tally(), _Tally(), _Tally(), _Tally(), _Tally()
     attention_fwd = fwd_gemm = 0.0
-    attention_gemms = [0.0, 0.0, 0.0]
+    block = (_Tally(), _Tally(), _Tally())  # the attention block's GEMMs: forward, input and weight gradients
     for kernel in stack.layer:
         before = fwd.seconds
         if kernel.gemm:
-            tallies = (fwd.seconds, dgrad.seconds, wgrad.seconds)
             for mm, nn, kk, b in gemms[kernel.gemm]:
-                fwd.add(_batched(device, mm, nn, kk, b, DTENSOR_OPS_FORWARD), 2 * mm * nn * kk * b)
-                dgrad.add(_batched(device, mm, kk, nn, b, DTENSOR_OPS_BACKWARD / 2), 2 * mm * nn * kk * b)
-                wgrad.add(_batched(device, kk, nn, mm, b, DTENSOR_OPS_BACKWARD / 2), 2 * mm * nn * kk * b)
+                flops = 2 * mm * nn * kk * b
+                times = (
+                    _batched(device, mm, nn, kk, b, DTENSOR_OPS_FORWARD),
+                    _batched(device, mm, kk, nn, b, DTENSOR_OPS_BACKWARD / 2),
+                    _batched(device, kk, nn, mm, b, DTENSOR_OPS_BACKWARD / 2),
+                )
+                for tally, seconds in zip((fwd, dgrad, wgrad), times, strict=True):
+                    tally.add(seconds, flops)
+                if kernel.gemm in ATTENTION_GEMMS:
+                    for tally, seconds in zip(block, times, strict=True):
+                        tally.add(seconds)
             fwd_gemm += fwd.seconds - before
-            if kernel.gemm in ATTENTION_GEMMS:
-                for i, now in enumerate((fwd.seconds, dgrad.seconds, wgrad.seconds)):
-                    attention_gemms[i] += now - tallies[i]
         elif kernel.attention:
             attention_fwd += _attention(m, shape, device, kernel, fwd, other)
         else:
@@ -196,7 +200,7 @@ def layer_cost(m: ModelSpec, shape: Shape, device: Device, stack: Stack, moe: bo
         attention_s=attention_fwd,
         gemm_s=(dgrad.seconds, wgrad.seconds),
         forward_gemm_s=fwd_gemm,
-        attention_gemm_s=(attention_gemms[0], attention_gemms[1], attention_gemms[2]),
+        attention_gemm_s=(block[0].seconds, block[1].seconds, block[2].seconds),
         kernels=(fwd.kernels, dgrad.kernels + wgrad.kernels + other.kernels),
     )
 
