@@ -348,6 +348,21 @@ DGXC_H100 = (
 )
 
 
+_MCORE = loader.load_stack("megatron-core-0.8")
+UNFUSED_CROSS_ENTROPY = [k.model_dump() for k in _MCORE.head_kernels]
+"""Megatron-Core's vocab-parallel cross-entropy over fp32 logits, as megatron-core-0.8 lists it: NeMo 24.12's
+default where a recipe leaves cross_entropy_loss_fusion unset (the Llama 3.1 recipes set it on)."""
+
+DGXC_STACK_OVERRIDES: dict[str, dict[str, Any]] = {
+    "llama3-405b": {"fp8_reduce_scatter": True},
+    "gpt3-175b": {"layer": [k.model_dump() for k in _MCORE.layer], "head_kernels": UNFUSED_CROSS_ENTROPY},
+}
+"""What a recipe sets beyond the stack. llama3.1/configure.sh gives 405B fp8 userbuffers for the proj and fc2
+forward reduce-scatters (ub_tp_comm_overlap_cfg.{proj,fc2}_fprop.fp8_buf=$FP8_ENABLED). nemo_megatron/
+gpt3_175b_hydra.yaml runs NeMo's GPT defaults: LayerNorm, learned positions (no RoPE), bias-GeLU, hidden and
+attention dropout 0.1 (bias_dropout_add_fusion) and the unfused cross-entropy: megatron-core-0.8's kernel list."""
+
+
 def dgxc_plan(row: DgxcRow, overrides: list[str] | None = None) -> Plan:
     """The recipe on DGX H100 SuperPOD nodes (DGX Cloud), ZeRO-1 (the distributed optimizer), sequence parallel
     where tp > 1, interleaved where the recipe sets VP."""
@@ -357,7 +372,7 @@ def dgxc_plan(row: DgxcRow, overrides: list[str] | None = None) -> Plan:
             "name": f"dgxc-{row.model}-{row.gpus}-{row.dtype}",
             "model": {**loader.expand_model({"model": row.model}, row.model)["model"], "seq_len": row.seq},
             "cluster": _cluster("dgx-h100-superpod", row.gpus, 16384),
-            "stack": "nemo-24.12",
+            "stack": {"name": "nemo-24.12", "overrides": DGXC_STACK_OVERRIDES.get(row.model, {})},
             "layout": _layout(row.tp, row.pp, dp, 1, row.virtual, cp=row.cp, zero=1, sequence_parallel=row.tp > 1),
             "training": {"global_batch": row.batch, "tokens": 1e12, "dtype": row.dtype},
         },
@@ -370,7 +385,8 @@ class GrokRow:
     """One published step time of NVIDIA/dgxc-benchmarking at 8f5cbb3 (v25.02, nvcr.io/nvidia/nemo:24.12),
     grok1/README_314b.md, with grok1/grok1_314b.yaml's settings: Grok-1 with the Llama 3 tokenizer (vocabulary
     128,256), micro-batch 1, no recompute, sequence parallel, the all-to-all dispatcher padding every expert to
-    capacity factor 1.0, userbuffers TP overlap off (`ub_tp_comm_overlap: false`). Below 512 GPUs the recipe runs
+    capacity factor 1.0, userbuffers TP overlap (grok1/configure.sh sets model.ub_tp_comm_overlap=true over the yaml's
+    false), the unfused cross-entropy. Below 512 GPUs the recipe runs
     proxies with fewer layers (and the first three at sequence 4,096), as the README says."""
 
     gpus: int
@@ -411,7 +427,7 @@ def grok_plan(row: GrokRow, dtype: str) -> Plan:
             "name": f"dgxc-grok1-{row.gpus}-{dtype}",
             "model": model,
             "cluster": _cluster("dgx-h100-superpod", row.gpus, 16384),
-            "stack": {"name": "nemo-24.12", "overrides": {"tp_overlap": "none"}},
+            "stack": {"name": "nemo-24.12", "overrides": {"head_kernels": UNFUSED_CROSS_ENTROPY}},
             "layout": _layout(row.tp, row.pp, dp, 1, row.virtual, cp=row.cp, ep=row.ep, zero=1, sequence_parallel=True),
             "training": {"global_batch": row.batch, "tokens": 1e12, "dtype": dtype},
         }

@@ -111,6 +111,9 @@ class ComputeEfficiency(Sourced):
 
     gemm_peak_fraction: dict[str, PositiveFloat]
     """Fraction of peak FLOP/s a full wave of a transformer-sized GEMM reaches, per dtype (0-1]."""
+    fp8_block_gemm_fraction: float | None = Field(default=None, gt=0, le=1)
+    """Fraction of the fp8 peak a block-scaled fp8 GEMM reaches (DeepSeek-V3's 1x128 and 128x128 scaling factors,
+    applied on the CUDA cores: DeepGEMM); unset: the per-tensor fp8 fraction of gemm_peak_fraction."""
     gemm_half_gflop: PositiveFloat | None = None
     """Without an SM count (CPU hosts): GEMM size at which it reaches half of that fraction (GFLOP), a measured
     saturating curve."""

@@ -44,6 +44,11 @@ TENSORS: Final = {
     "ffn": "the activation's output, the last MLP GEMM's input (ffn_hidden / tp; per visited expert for MoE)",
     "scores": "attention scores or probabilities, materialised (heads / tp · key length per query token)",
     "logits": "the output head's logits (vocab / tp)",
+    "routed": (
+        "an MoE layer's routed copies of the hidden state (top_k · hidden at the busiest rank's load; over tp where "
+        "each tp rank routes its own sequence shard)"
+    ),
+    "router": "an MoE layer's router logits or probabilities (experts; over tp as `routed`)",
 }
 """What a memory-bound kernel's reads and writes are counted in: one token's slice of each tensor on one rank, in
 the activation dtype (2 bytes); a dropout mask is one byte per element, so it counts 0.5."""
@@ -84,6 +89,9 @@ class Kernel(UserSection):
     saves_output: bool = True
     """Its output is kept for the backward; false: the stack frees it and reruns the (cheap, memory-bound) kernel
     in the backward from its saved input, whatever the recompute policy."""
+    fp8_output: bool = False
+    """Under an fp8 plan it writes its output in fp8 for the GEMM after it, so that GEMM's input needs no cast of
+    its own, only the transpose its weight gradient reads (Transformer Engine's LayerNormLinear, LayerNormMLP)."""
 
     @model_validator(mode="after")
     def _one_kind(self) -> Kernel:
@@ -113,6 +121,9 @@ class Stack(UserSection):
     """The fused attention kernel family a `flash` step runs (fa2, fa3, cudnn): the cluster gives its speed."""
     head_kernels: tuple[Kernel, ...] = ()
     """The output head's memory-bound kernels beside its GEMM (the loss over the logits)."""
+    moe_kernels: tuple[Kernel, ...] = ()
+    """The memory-bound kernels an MoE layer runs beside the layer's: the router's softmax and top-k, the
+    permutation of the routed copies before the dispatch and its inverse after the combine."""
     tp_overlap: TpOverlap = "none"
     """Tensor-parallel communication: none (every collective exposed), backward (the backward's all-gather and
     reduce-scatter overlap its GEMMs, Megatron 2022), userbuffers (Transformer Engine overlaps forward and
@@ -129,6 +140,23 @@ class Stack(UserSection):
     """An fp8 plan's expert-parallel dispatch all-to-all moves fp8 tokens (DeepSeek-V3 §3.3.2 quantizes them before
     dispatch; the combine stays BF16); false: dispatch and combine move 16-bit tokens (Megatron-Core 0.10's
     all-to-all dispatcher permutes the layer's bf16 hidden states; Transformer Engine casts to fp8 in the GEMM)."""
+    fp8_scaling: Literal["tensor", "block"] = "tensor"
+    """How an fp8 plan scales its GEMM operands: one factor per tensor (Transformer Engine's delayed scaling on
+    cuBLAS) or per 1x128 / 128x128 block (DeepSeek-V3 §3.3.2, DeepGEMM), which the cluster prices apart."""
+    fp8_amax_reduction: bool = False
+    """Under an fp8 plan the stack all-reduces (max) its fp8 tensors' amax history over the replica's tensor-,
+    context- and data-parallel ranks at the end of each model chunk's forward and backward, on the compute stream:
+    Transformer Engine 1.x delayed scaling (FP8GlobalStateManager.reduce_and_update_fp8_tensors over the
+    fp8_group Megatron-Core core_v0.10.0 transformer_block.py passes: the amax reduction group)."""
+    fp8_activations: bool = False
+    """An fp8 plan keeps its activations in fp8 between the GEMMs too, so pipeline sends, context-parallel K and V
+    and the tensor-parallel reduce-scatters move fp8 (DeepSeek-V3 §3.3.3 caches and sends activations in FP8);
+    false: only what Transformer Engine casts for a GEMM moves fp8 (the tensor-parallel all-gathers of a GEMM's
+    input and output gradient), everything else the layer's bf16 (Transformer Engine 1.x; NVIDIA/TransformerEngine
+    v1.13 pytorch/module/linear.py gathers the cast input, reduces the bf16 output)."""
+    fp8_reduce_scatter: bool = False
+    """An fp8 plan's forward reduce-scatters of the row-parallel outputs (proj, fc2) move fp8: userbuffers'
+    `fp8_buf` (NeMo's ub_tp_comm_overlap_cfg.{proj,fc2}_fprop.fp8_buf, a per-recipe setting)."""
     tp_overlap_chunks: PositiveFloat = 1.0
     """With userbuffers: chunks each overlapped collective is cut into; the first (or last) chunk stays exposed."""
     tp_overlap_sms: NonNegativeInt = 0

@@ -194,8 +194,10 @@ def test_an_sp_split_moe_layer_routes_its_own_shard_and_gathers_the_routed_copie
     m, tokens = plan.model, plan.layout.microbatch_size * plan.model.seq_len
     a2a = sum(ctx.time("all_to_all", tokens / 4 * m.top_k * m.hidden * w, ctx.span("ep")) for w in widths)
     assert layer_comm(ctx, cost, moe=True)["ep"] == pytest.approx((a2a, a2a), rel=1e-12)
-    stream, copies = tokens * m.hidden * ctx.comm_bytes, tokens * m.top_k * m.hidden * 2
+    gathered, reduced = tokens * m.hidden * ctx.gather_bytes, tokens * m.hidden * ctx.comm_bytes
+    copies = tokens * m.top_k * m.hidden * 2
     blocks = 1 + m.shared_experts  # the attention block's and the shared expert's own gather and scatter
-    own = blocks * (ctx.time("all_gather", stream, ctx.span("tp")) + ctx.time("reduce_scatter", stream, ctx.span("tp")))
+    tp = ctx.span("tp")
+    own = blocks * (ctx.time("all_gather", gathered, tp) + ctx.time("reduce_scatter", reduced, tp))
     routed = ctx.time("all_gather", copies, ctx.span("tp")) + ctx.time("reduce_scatter", copies, ctx.span("tp"))
     assert tp_comm(ctx, cost, moe=True) == pytest.approx((own + routed, own + routed), rel=1e-12)

@@ -54,8 +54,11 @@ def tp_comm(ctx: StepContext, cost: PassCost, moe: bool = False) -> tuple[float,
         if mode != "none":  # the input gradient's all-reduce runs under the weight-gradient GEMM (async)
             bwd = max(0.0, blocks * ar - wgrad)
     else:
-        ag, rs = blocks * ctx.time("all_gather", stream, tp), blocks * ctx.time("reduce_scatter", stream, tp)
-        fwd = ag + rs
+        per_element = tokens * m.hidden
+        ag = blocks * ctx.time("all_gather", per_element * ctx.gather_bytes, tp)
+        rs_out = blocks * ctx.time("reduce_scatter", per_element * ctx.reduce_bytes, tp)  # forward: the outputs
+        rs = blocks * ctx.time("reduce_scatter", stream, tp)  # backward: the input gradients
+        fwd = ag + rs_out
         if mode == "none":
             bwd = (2 if stack.sp_regather_input else 1) * ag + rs
         elif mode == "backward":

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import bisect
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from plan.cluster import AttentionTable, Cluster
 
@@ -82,6 +82,10 @@ class Device:
     """Fixed host cost of one layer for one microbatch, each way (s)."""
     in_training: float = 1.0
     """Tensor-core throughput in a training step over the isolated kernel figures (GEMMs and fused attention)."""
+    peak16_flops: float = 0.0
+    """Dense 16-bit peak (FLOP/s), for the GEMMs an fp8 stack keeps in bf16; 0: peak_flops."""
+    gemm16_fraction: float = 0.0
+    """The 16-bit GEMM fraction beside it; 0: gemm_fraction."""
 
     @classmethod
     def of(
@@ -93,12 +97,14 @@ class Device:
         share_cores: bool = True,
         sharded: bool = False,
         attention_kernel: str = "none",
+        fp8_scaling: str = "tensor",
     ) -> Device:
         """The device a rank sees. A `cpu` accelerator's figures are per core: with `share_cores` the node's cores
         are split evenly among its ranks; without, the rank runs alone (the pipeline simulation then shares the
         cores among the ranks busy at each moment, twin/step/host.py). `sharded` ops (tensor-parallel DTensors) pay
         the extra per-op dispatch cost. `attention_kernel` is the stack's fused attention kernel; where the
-        accelerator has no table for it, the first it has is used."""
+        accelerator has no table for it, the first it has is used. `fp8_scaling` "block" prices fp8 GEMMs at the
+        block-scaled fraction where the cluster has one."""
         acc, eff = cluster.accelerator, cluster.compute
         key = dtype if dtype in acc.peak_tflops else "bf16"
         cpu_share = acc.kind == "cpu" and share_cores
@@ -114,8 +120,14 @@ class Device:
             elementwise /= max(1, ranks_per_node)
         tables = eff.attention.get(attention_kernel) or next(iter(eff.attention.values()), ())
         return cls(
+            peak16_flops=acc.peak_tflops.get("bf16", acc.peak_tflops[key]) * 1e12 * share,
+            gemm16_fraction=eff.gemm_peak_fraction["bf16"],
             peak_flops=acc.peak_tflops[key] * 1e12 * share,
-            gemm_fraction=eff.gemm_peak_fraction.get(key, eff.gemm_peak_fraction["bf16"]),
+            gemm_fraction=(
+                eff.fp8_block_gemm_fraction
+                if key == "fp8" and fp8_scaling == "block" and eff.fp8_block_gemm_fraction
+                else eff.gemm_peak_fraction.get(key, eff.gemm_peak_fraction["bf16"])
+            ),
             kernel_s=eff.kernel_overhead_us * 1e-6 / share,
             memory_Bps=memory,
             elementwise_Bps=elementwise,
@@ -126,6 +138,19 @@ class Device:
             sharded_s=eff.sharded_kernel_overhead_us * 1e-6 / share if sharded else 0.0,
             layer_s=eff.layer_overhead_us * 1e-6 / share,
             in_training=eff.in_training_fraction,
+        )
+
+    def sixteen_bit(self) -> Device:
+        """The same rank running its GEMMs in bf16: what an fp8 plan's stack keeps out of fp8 (the output head, the
+        MoE router; Megatron-Core core_v0.10.0 runs them outside Transformer Engine's fp8_autocast, DeepSeek-V3
+        §3.3.1 keeps them in BF16)."""
+        if self.operand_bytes != 1:
+            return self
+        return replace(
+            self,
+            peak_flops=self.peak16_flops or self.peak_flops,
+            gemm_fraction=self.gemm16_fraction or self.gemm_fraction,
+            operand_bytes=2,
         )
 
     # --- GEMMs --------------------------------------------------------------------------------------------------

@@ -51,10 +51,26 @@ class StepContext:
 
     @property
     def comm_bytes(self) -> int:
-        """Bytes per element of tensor-, context- and pipeline-parallel activation traffic: fp8 where the plan trains
-        in fp8 (DeepSeek-V3 §3.3 caches and sends activations in fp8), fp32 in fp32, else 16 bits. An MoE layer's
-        dispatch and combine have their own widths (`ep_bytes`)."""
-        return {"fp8": 1, "fp32": 4}.get(self.plan.training.dtype, 2)
+        """Bytes per element of activation traffic between GEMMs (pipeline sends, context-parallel K and V,
+        tensor-parallel reductions): fp32's 4 in fp32, 1 under fp8 where the stack keeps activations in fp8
+        (Stack.fp8_activations), else 16 bits. The tensor-parallel gathers of GEMM inputs (`gather_bytes`) and an MoE
+        layer's dispatch and combine (`ep_bytes`) have their own widths."""
+        dtype = self.plan.training.dtype
+        if dtype == "fp8":
+            return 1 if self.stack.fp8_activations else 2
+        return 4 if dtype == "fp32" else 2
+
+    @property
+    def gather_bytes(self) -> int:
+        """Bytes per element of a tensor-parallel all-gather of a GEMM's input or output gradient: 1 under fp8 (the
+        stack casts before it gathers), else comm_bytes."""
+        return 1 if self.plan.training.dtype == "fp8" else self.comm_bytes
+
+    @property
+    def reduce_bytes(self) -> int:
+        """Bytes per element of the forward reduce-scatter of a row-parallel output: 1 under fp8 where the stack
+        reduces in fp8 (Stack.fp8_reduce_scatter), else comm_bytes."""
+        return 1 if self.plan.training.dtype == "fp8" and self.stack.fp8_reduce_scatter else self.comm_bytes
 
     @property
     def ep_bytes(self) -> tuple[int, int]:
@@ -123,6 +139,7 @@ def step_context(
             share_cores=cluster.accelerator.kind != "cpu",  # CPU hosts: shared in the simulation (twin/step/host.py)
             sharded=lay.tp > 1,
             attention_kernel=stack.attention_kernel,
+            fp8_scaling=stack.fp8_scaling,
         ),
         net=InNetwork(nvls_link_Bps=nvls, sharp=cluster.fabric.sharp),
         options=options,

@@ -64,6 +64,8 @@ def stage_costs(
                 f["dp"], b["dp"] = f["dp"] + fwd, b["dp"] + bwd
         if lay.tp > 1:
             f["tp"], b["tp"] = f["tp"] + edges[stage][0], b["tp"] + edges[stage][1]
+        amax = amax_reduction_s(ctx, len(layers))
+        f["dp"], b["dp"] = f["dp"] + amax, b["dp"] + amax
         for extra in extras:
             f["compute"] += extra.forward_s
             b["compute"] += extra.backward_input_s
@@ -78,6 +80,20 @@ def stage_costs(
         if split:
             costs[("W", stage)] = ActionCost(**w)
     return costs
+
+
+AMAX_BYTES_PER_LAYER = 4 * 3 * 2 * 4
+"""fp32 amaxes one layer's fp8 GEMMs reduce each way: 4 GEMMs, 3 tensors each (input, weight, output forward;
+output gradient, input gradient and a spare backward), the current value and the history's running max."""
+
+
+def amax_reduction_s(ctx: StepContext, layers: int) -> float:
+    """Seconds of one model chunk's amax all-reduce for one microbatch, each way (Stack.fp8_amax_reduction): a
+    latency-bound collective over the replica's tp, cp and dp ranks, exposed on the compute stream."""
+    if ctx.plan.training.dtype != "fp8" or not ctx.stack.fp8_amax_reduction or layers == 0:
+        return 0.0
+    group = ctx.span("tp", "cp", "dp")
+    return ctx.time("all_reduce", AMAX_BYTES_PER_LAYER * layers, group)
 
 
 def host_sharing(ctx: StepContext) -> HostSharing | None:

@@ -77,6 +77,7 @@ def tensor_sizes(m: ModelSpec, shape: Shape, moe: bool) -> dict[str, float]:
     hq, hkv = m.heads * m.d_head, m.n_kv_heads * m.d_head
     width = (m.moe_ffn_hidden or 0) * (m.top_k + m.shared_experts) if moe else m.ffn_hidden
     mlp_t = mlp_tp(shape, moe)
+    shard = t if shape.sequence_parallel and mlp_t == t else 1  # each tp rank routes its own shard (dispatches_shards)
     return {
         "h": float(m.hidden),
         "h_sp": m.hidden / t if shape.sequence_parallel else float(m.hidden),
@@ -87,6 +88,8 @@ def tensor_sizes(m: ModelSpec, shape: Shape, moe: bool) -> dict[str, float]:
         "ffn": width / mlp_t,
         "scores": m.heads / t * (shape.seq_kv or shape.tokens),
         "logits": m.vocab / t,
+        "routed": m.top_k * routed_load(m) * m.hidden / shard if moe else 0.0,
+        "router": m.experts / shard if moe else 0.0,
     }
 
 
@@ -108,12 +111,16 @@ def weight_gemms(m: ModelSpec, shape: Shape, moe: bool) -> dict[str, list[Gemm]]
     width = m.moe_ffn_hidden / mlp_tp(shape, moe)
     per_expert = tokens * m.top_k / shape.experts_local * routed_load(m)  # each local expert's rows
     e = float(shape.experts_local)
-    fc1: list[Gemm] = [(tokens, float(m.experts), h, 1.0), (per_expert, ups * width, h, e)]  # router, experts
+    fc1: list[Gemm] = [(per_expert, ups * width, h, e)]
     fc2: list[Gemm] = [(per_expert, h, width, e)]
     if m.shared_experts:
         fc1.append((tokens, ups * width * m.shared_experts, h, 1.0))
         fc2.append((tokens, h, width * m.shared_experts, 1.0))
-    return {**gemms, "fc1": fc1, "fc2": fc2}
+    return {**gemms, ROUTER: [(tokens, float(m.experts), h, 1.0)], "fc1": fc1, "fc2": fc2}
+
+
+ROUTER = "router"
+"""An MoE layer's gating GEMM, run with its fc1 (in bf16 under fp8: Device.sixteen_bit)."""
 
 
 def expert_split(tp: int, stack: Stack) -> int:
@@ -160,22 +167,32 @@ def layer_cost(m: ModelSpec, shape: Shape, device: Device, stack: Stack, moe: bo
     fwd, dgrad, wgrad, other, again = _Tally(), _Tally(), _Tally(), _Tally(), _Tally()
     attention_fwd = fwd_gemm = 0.0
     block = (_Tally(), _Tally(), _Tally())  # the attention block's GEMMs: forward, input and weight gradients
-    for kernel in stack.layer:
+    cast_in = False  # the kernel before wrote its output in fp8 (Kernel.fp8_output)
+    for kernel in stack.layer + (stack.moe_kernels if moe else ()):
         before = fwd.seconds
         if kernel.gemm:
-            for mm, nn, kk, b in gemms[kernel.gemm]:
-                flops = 2 * mm * nn * kk * b
-                times = (
-                    _batched(device, mm, nn, kk, b, DTENSOR_OPS_FORWARD),
-                    _batched(device, mm, kk, nn, b, DTENSOR_OPS_BACKWARD / 2),
-                    _batched(device, kk, nn, mm, b, DTENSOR_OPS_BACKWARD / 2),
-                )
-                for tally, seconds in zip((fwd, dgrad, wgrad), times, strict=True):
-                    tally.add(seconds, flops)
-                if kernel.gemm in ATTENTION_GEMMS:
-                    for tally, seconds in zip(block, times, strict=True):
-                        tally.add(seconds)
+            routed = moe and kernel.gemm == "fc1"  # the router runs first; the experts' input arrives permuted
+            casts: list[tuple[float, float, float]] = []
+            for name in (ROUTER, "fc1") if routed else (kernel.gemm,):
+                runs_on = device.sixteen_bit() if name == ROUTER else device
+                for mm, nn, kk, b in gemms[name]:
+                    flops = 2 * mm * nn * kk * b
+                    times = (
+                        _batched(runs_on, mm, nn, kk, b, DTENSOR_OPS_FORWARD),
+                        _batched(runs_on, mm, kk, nn, b, DTENSOR_OPS_BACKWARD / 2),
+                        _batched(runs_on, kk, nn, mm, b, DTENSOR_OPS_BACKWARD / 2),
+                    )
+                    for tally, seconds in zip((fwd, dgrad, wgrad), times, strict=True):
+                        tally.add(seconds, flops)
+                    if kernel.gemm in ATTENTION_GEMMS:
+                        for tally, seconds in zip(block, times, strict=True):
+                            tally.add(seconds)
+                    if runs_on.operand_bytes == 1:
+                        casts.append((mm * kk * b * (2 if cast_in and not routed else 4), mm * nn * b * 4, b))
             fwd_gemm += fwd.seconds - before
+            for forward_bytes, backward_bytes, kernels in casts:
+                fwd.add(device.elementwise_s(forward_bytes, kernels), 0.0, round(kernels))
+                other.add(device.elementwise_s(backward_bytes, kernels), 0.0, round(kernels))
         elif kernel.attention:
             attention_fwd += _attention(m, shape, device, kernel, fwd, other)
         else:
@@ -184,6 +201,7 @@ def layer_cost(m: ModelSpec, shape: Shape, device: Device, stack: Stack, moe: bo
             other.add(
                 device.elementwise_s(kernel.backward * nbytes, kernel.backward_kernels), 0.0, kernel.backward_kernels
             )
+        cast_in = kernel.fp8_output
         rerun = recompute == "selective" and kernel.recomputed and not kernel.gemm
         if recompute == "full" or rerun or not kernel.saves_output:
             again.add(fwd.seconds - before, 0.0, 0)
@@ -249,12 +267,14 @@ def _core_flops(m: ModelSpec, shape: Shape, stack: Stack) -> float:
 
 
 def head_cost(m: ModelSpec, shape: Shape, device: Device, stack: Stack) -> PassCost:
-    """The output head and loss on the last stage: a vocab-parallel GEMM and the stack's loss kernels."""
+    """The output head and loss on the last stage: a vocab-parallel GEMM, in bf16 under an fp8 plan
+    (Device.sixteen_bit), and the stack's loss kernels."""
     tokens, h, v = float(shape.tokens), float(m.hidden), m.vocab / shape.tp
     loss_ops = LOSS_PARALLEL_DTENSOR_OPS  # priced at the sharded per-op cost, zero where nothing is a DTensor
-    fwd = device.linear_s(tokens, v, h, DTENSOR_OPS_FORWARD + loss_ops[0])
-    dgrad = device.linear_s(tokens, h, v, DTENSOR_OPS_BACKWARD / 2 + loss_ops[1])
-    wgrad = device.linear_s(h, v, tokens, DTENSOR_OPS_BACKWARD / 2)
+    wide = device.sixteen_bit()
+    fwd = wide.linear_s(tokens, v, h, DTENSOR_OPS_FORWARD + loss_ops[0])
+    dgrad = wide.linear_s(tokens, h, v, DTENSOR_OPS_BACKWARD / 2 + loss_ops[1])
+    wgrad = wide.linear_s(h, v, tokens, DTENSOR_OPS_BACKWARD / 2)
     sizes = tensor_sizes(m, shape, moe=False)
     loss_fwd = loss_bwd = 0.0
     kernels = [1, 2]

@@ -1,0 +1,120 @@
+"""fp8 training as Transformer Engine 1.x runs it, and the MoE layer's own kernels, against closed forms: the head
+and router in bf16, the casts around every fp8 GEMM, the widths of the tensor-parallel traffic, the amax
+all-reduce, block-scaled GEMMs at their own fraction."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from plan import loader
+from plan.schema import Plan
+from twin.step.compute import Device
+from twin.step.context import StepContext, shape_of, step_context
+from twin.step.costs import amax_reduction_s, stage_costs
+from twin.step.kernels import head_cost, kernel_bytes, layer_cost, tensor_sizes
+from twin.step.predict import PredictOptions
+
+H100_TP4 = ["cluster=dgx-h100-superpod", "layout.tp=4", "layout.pp=2", "layout.dp=4", "layout.ep=1",
+            "layout.sequence_parallel=true", "layout.fused_projections=true"]  # fmt: skip
+
+
+def _ctx(stack: str, dtype: str, *extra: str, preset: str = "cpu-tiny") -> tuple[Plan, StepContext]:
+    plan = loader.load(preset, [*H100_TP4, f"stack={stack}", f"training.dtype={dtype}", *extra])
+    return plan, step_context(plan, loader.plan_cluster(plan), PredictOptions(stragglers=False))
+
+
+def _layer(plan: Plan, ctx: StepContext, moe: bool = False):
+    return layer_cost(plan.model, shape_of(ctx), ctx.device, ctx.stack, moe, plan.layout.recompute)
+
+
+def test_the_output_head_runs_in_bf16_under_an_fp8_plan() -> None:
+    """Megatron-Core's output layer is a plain ColumnParallelLinear outside fp8_autocast: its GEMMs take the bf16
+    time whatever the plan's dtype, while the layers' GEMMs speed up."""
+    plan8, ctx8 = _ctx("nemo-24.12", "fp8")
+    plan16, ctx16 = _ctx("nemo-24.12", "bf16")
+    shape = shape_of(ctx8)
+    fp8, bf16 = (
+        head_cost(plan8.model, shape, ctx8.device, ctx8.stack),
+        head_cost(plan16.model, shape, ctx16.device, ctx16.stack),
+    )
+    assert (fp8.forward_s, fp8.backward_input_s, fp8.backward_weight_s) == pytest.approx(
+        (bf16.forward_s, bf16.backward_input_s, bf16.backward_weight_s), rel=1e-12
+    )
+    assert _layer(plan8, ctx8).gemm_s[1] < _layer(plan16, ctx16).gemm_s[1]
+
+
+def test_a_norm_that_writes_fp8_saves_its_gemm_the_input_cast_but_not_the_transpose() -> None:
+    """TE's LayerNormLinear hands qkv and fc1 an fp8 input: of the 4 bytes per element a cast-transpose moves
+    (read 2, write 1 + 1) only the transpose's 2 remain, so unfusing the two norms adds 2 · 2 bytes per token of the
+    hidden state, one kernel's worth each way cancelling."""
+    plan, fused = _ctx("nemo-24.12", "fp8")
+    layer = json.dumps([{**k.model_dump(exclude_none=True), "fp8_output": False} for k in fused.stack.layer])
+    _, unfused = _ctx("nemo-24.12", "fp8", f"stack.overrides.layer={layer}")
+    tokens = shape_of(fused).tokens
+    extra = 2 * tokens * plan.model.hidden * 2 / fused.device.elementwise_Bps
+    assert _layer(plan, unfused).forward_s - _layer(plan, fused).forward_s == pytest.approx(extra, rel=1e-9)
+    plan16, unfused16 = _ctx("nemo-24.12", "bf16", f"stack.overrides.layer={layer}")
+    _, fused16 = _ctx("nemo-24.12", "bf16")
+    assert _layer(plan16, unfused16).forward_s == pytest.approx(_layer(plan16, fused16).forward_s, rel=1e-12)
+
+
+@pytest.mark.parametrize(
+    ("stack", "extra", "widths"),
+    [
+        ("nemo-24.12", [], (1, 2, 2)),  # TE gathers the cast input; reductions, sends and K/V stay bf16
+        ("nemo-24.12", ["stack.overrides.fp8_reduce_scatter=true"], (1, 1, 2)),  # userbuffers' fp8_buf
+        ("deepseek-v3", [], (1, 1, 1)),  # §3.3.3: activations cached and sent in FP8
+    ],
+)
+def test_fp8_traffic_widths_follow_what_the_stack_casts(stack: str, extra: list[str], widths: tuple) -> None:
+    _, ctx = _ctx(stack, "fp8", *extra)
+    assert (ctx.gather_bytes, ctx.reduce_bytes, ctx.comm_bytes) == widths
+    _, bf16 = _ctx(stack, "bf16", *extra)
+    assert (bf16.gather_bytes, bf16.reduce_bytes, bf16.comm_bytes) == (2, 2, 2)
+
+
+def test_each_chunk_all_reduces_its_amaxes_each_way_under_delayed_scaling_only() -> None:
+    """One latency-bound all-reduce over the replica's tp, cp and dp ranks per stage, forward and backward, where
+    the stack scales fp8 by amax history; nothing in bf16 or without the flag."""
+    plan, ctx = _ctx("nemo-24.12", "fp8")
+    _, off = _ctx("nemo-24.12", "fp8", "stack.overrides.fp8_amax_reduction=false")
+    costs, bare = stage_costs(ctx, {False: _layer(plan, ctx)}), stage_costs(off, {False: _layer(plan, off)})
+    layers = plan.model.layers // plan.layout.pp
+    amax = ctx.time("all_reduce", 4 * 3 * 2 * 4 * layers, ctx.span("tp", "cp", "dp"))
+    assert amax > 0
+    for key in costs:
+        assert costs[key].dp - bare[key].dp == pytest.approx(amax if key[0] in "FB" else 0.0, rel=1e-12)
+    _, bf16 = _ctx("nemo-24.12", "bf16")
+    assert amax_reduction_s(bf16, layers) == 0.0
+
+
+def test_an_moe_layer_pays_its_router_and_permutations_a_dense_layer_does_not() -> None:
+    plan, ctx = _ctx("nemo-24.12", "bf16", "layout.ep=2", preset="cpu-tiny-moe")
+    _, bare = _ctx("nemo-24.12", "bf16", "layout.ep=2", "stack.overrides.moe_kernels=[]", preset="cpu-tiny-moe")
+    shape = shape_of(ctx)
+    sizes = tensor_sizes(plan.model, shape, True)
+    # each tp rank routes its own sequence shard: top_k copies of h/tp per token of the microbatch
+    assert sizes["routed"] == pytest.approx(
+        plan.model.top_k * plan.model.hidden / 4 * min(plan.model.expert_imbalance, plan.model.capacity_factor or 1e9)
+    )
+    expected = sum(
+        ctx.device.elementwise_s(kernel_bytes(k, sizes, shape, ctx.stack), k.kernels) for k in ctx.stack.moe_kernels
+    )
+    assert _layer(plan, ctx, moe=True).forward_s - _layer(plan, bare, moe=True).forward_s == pytest.approx(expected)
+    assert _layer(plan, ctx).forward_s == pytest.approx(_layer(plan, bare).forward_s, rel=1e-12)
+
+
+def test_block_scaled_fp8_gemms_run_at_their_own_fraction() -> None:
+    cluster = loader.load_cluster("dgx-h100-superpod")
+    tensor = Device.of(cluster, "fp8", 8)
+    block = Device.of(cluster, "fp8", 8, fp8_scaling="block")
+    assert tensor.gemm_fraction == cluster.compute.gemm_peak_fraction["fp8"]
+    assert block.gemm_fraction == cluster.compute.fp8_block_gemm_fraction < tensor.gemm_fraction
+    assert (
+        Device.of(cluster, "bf16", 8, fp8_scaling="block").gemm_fraction == cluster.compute.gemm_peak_fraction["bf16"]
+    )
+    assert tensor.sixteen_bit().gemm_s(4096, 4096, 4096) == pytest.approx(
+        Device.of(cluster, "bf16", 8).gemm_s(4096, 4096, 4096)
+    )
