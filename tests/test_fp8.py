@@ -10,10 +10,11 @@ import pytest
 
 from plan import loader
 from plan.schema import Plan
-from twin.step.compute import Device
+from plan.stack import GEMMS
+from twin.step.compute import DTENSOR_OPS_FORWARD, Device
 from twin.step.context import StepContext, shape_of, step_context
 from twin.step.costs import amax_reduction_s, stage_costs
-from twin.step.kernels import head_cost, kernel_bytes, layer_cost, tensor_sizes
+from twin.step.kernels import ROUTER, head_cost, kernel_bytes, layer_cost, routed_load, tensor_sizes, weight_gemms
 from twin.step.predict import PredictOptions
 
 H100_TP4 = ["cluster=dgx-h100-superpod", "layout.tp=4", "layout.pp=2", "layout.dp=4", "layout.ep=1",
@@ -45,6 +46,21 @@ def test_the_output_head_runs_in_bf16_under_an_fp8_plan() -> None:
     assert _layer(plan8, ctx8).gemm_s[1] < _layer(plan16, ctx16).gemm_s[1]
 
 
+def test_an_fp8_moe_layer_routes_with_a_bf16_gemm() -> None:
+    """The router's gating GEMM runs in bf16 (a plain linear outside fp8_autocast); every other weight GEMM in fp8:
+    the layer's forward GEMM time is exactly that sum."""
+    plan, ctx = _ctx("nemo-24.12", "fp8", "layout.ep=2", preset="cpu-tiny-moe")
+    gemms = weight_gemms(plan.model, shape_of(ctx), True)
+    dev, ops = ctx.device, DTENSOR_OPS_FORWARD * ctx.device.sharded_s
+
+    def forward(device: Device, names: tuple[str, ...]) -> float:
+        return sum(device.gemm_s(m, n, k, b) + ops for name in names for m, n, k, b in gemms[name])
+
+    expected = forward(dev.sixteen_bit(), (ROUTER,)) + forward(dev, GEMMS)
+    assert _layer(plan, ctx, moe=True).forward_gemm_s == pytest.approx(expected, rel=1e-12)
+    assert forward(dev.sixteen_bit(), (ROUTER,)) > forward(dev, (ROUTER,))
+
+
 def test_a_norm_that_writes_fp8_saves_its_gemm_the_input_cast_but_not_the_transpose() -> None:
     """TE's LayerNormLinear hands qkv and fc1 an fp8 input: of the 4 bytes per element a cast-transpose moves
     (read 2, write 1 + 1) only the transpose's 2 remain, so unfusing the two norms adds 2 · 2 bytes per token of the
@@ -58,6 +74,18 @@ def test_a_norm_that_writes_fp8_saves_its_gemm_the_input_cast_but_not_the_transp
     plan16, unfused16 = _ctx("nemo-24.12", "bf16", f"stack.overrides.layer={layer}")
     _, fused16 = _ctx("nemo-24.12", "bf16")
     assert _layer(plan16, unfused16).forward_s == pytest.approx(_layer(plan16, fused16).forward_s, rel=1e-12)
+
+
+def test_every_fp8_gemm_casts_its_output_gradient_in_backward() -> None:
+    """Backward, each fp8 GEMM's bf16 output gradient is cast to fp8 with its transpose (4 bytes per element, one
+    kernel): beside the GEMMs, an fp8 layer's input-gradient pass is a bf16 one's plus exactly those casts."""
+    plan8, ctx8 = _ctx("nemo-24.12", "fp8")
+    plan16, ctx16 = _ctx("nemo-24.12", "bf16")
+    fp8, bf16 = _layer(plan8, ctx8), _layer(plan16, ctx16)
+    gemms = weight_gemms(plan8.model, shape_of(ctx8), False)
+    casts = sum(ctx8.device.elementwise_s(m * n * b * 4, b) for name in GEMMS for m, n, _, b in gemms[name])
+    beside = (fp8.backward_input_s - fp8.gemm_s[0]) - (bf16.backward_input_s - bf16.gemm_s[0])
+    assert beside == pytest.approx(casts, rel=1e-9)
 
 
 @pytest.mark.parametrize(
@@ -82,7 +110,7 @@ def test_each_chunk_all_reduces_its_amaxes_each_way_under_delayed_scaling_only()
     _, off = _ctx("nemo-24.12", "fp8", "stack.overrides.fp8_amax_reduction=false")
     costs, bare = stage_costs(ctx, {False: _layer(plan, ctx)}), stage_costs(off, {False: _layer(plan, off)})
     layers = plan.model.layers // plan.layout.pp
-    amax = ctx.time("all_reduce", 4 * 3 * 2 * 4 * layers, ctx.span("tp", "cp", "dp"))
+    amax = ctx.time("all_reduce", 4 * 3 * 4 * layers, ctx.span("tp", "cp", "dp"))  # 4 GEMMs x 3 fp32 amaxes
     assert amax > 0
     for key in costs:
         assert costs[key].dp - bare[key].dp == pytest.approx(amax if key[0] in "FB" else 0.0, rel=1e-12)
@@ -96,9 +124,7 @@ def test_an_moe_layer_pays_its_router_and_permutations_a_dense_layer_does_not() 
     shape = shape_of(ctx)
     sizes = tensor_sizes(plan.model, shape, True)
     # each tp rank routes its own sequence shard: top_k copies of h/tp per token of the microbatch
-    assert sizes["routed"] == pytest.approx(
-        plan.model.top_k * plan.model.hidden / 4 * min(plan.model.expert_imbalance, plan.model.capacity_factor or 1e9)
-    )
+    assert sizes["routed"] == pytest.approx(plan.model.top_k * plan.model.hidden / 4 * routed_load(plan.model))
     expected = sum(
         ctx.device.elementwise_s(kernel_bytes(k, sizes, shape, ctx.stack), k.kernels) for k in ctx.stack.moe_kernels
     )

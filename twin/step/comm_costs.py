@@ -15,8 +15,8 @@ stays exposed, and the GEMMs lose the SMs the collectives run on while they over
 from __future__ import annotations
 
 from twin.step import schedules
-from twin.step.context import StepContext
-from twin.step.kernels import PassCost, routed_load
+from twin.step.context import StepContext, shape_of
+from twin.step.kernels import PassCost, routed_load, routing_shard
 from twin.step.memory import layer_params, stage_params
 
 
@@ -80,9 +80,8 @@ def tp_comm(ctx: StepContext, cost: PassCost, moe: bool = False) -> tuple[float,
 
 def dispatches_shards(ctx: StepContext) -> bool:
     """Whether each tp rank routes its own sequence-parallel shard of an MoE layer's tokens (experts split over tp
-    under sequence parallelism, Megatron-Core), rather than every tp rank all of them."""
-    lay = ctx.plan.layout
-    return lay.tp > 1 and lay.sequence_parallel and ctx.stack.moe_tensor_parallel
+    under sequence parallelism, Megatron-Core), rather than every tp rank all of them (kernels.routing_shard)."""
+    return routing_shard(shape_of(ctx)) > 1
 
 
 def _contention(ctx: StepContext, overlap_s: float) -> float:
@@ -103,7 +102,7 @@ def layer_comm(ctx: StepContext, cost: PassCost, moe: bool, paired: bool = False
     if lay.cp > 1:
         out["cp"] = cp_comm(ctx, cost, tokens)
     if moe and lay.ep > 1:  # dispatch and combine all-to-alls of top_k copies of each token, each way
-        routed = tokens // (lay.tp if dispatches_shards(ctx) else 1)
+        routed = tokens // routing_shard(shape_of(ctx))
         moved = routed * m.top_k * m.hidden * routed_load(m)  # the busiest rank's share sets it
         a2a = sum(ctx.time("all_to_all", moved * width, ctx.span("ep")) for width in ctx.ep_bytes)
         if paired:  # DualPipe overlaps it with the paired microbatch's compute

@@ -82,9 +82,9 @@ def stage_costs(
     return costs
 
 
-AMAX_BYTES_PER_LAYER = 4 * 3 * 2 * 4
-"""fp32 amaxes one layer's fp8 GEMMs reduce each way: 4 GEMMs, 3 tensors each (input, weight, output forward;
-output gradient, input gradient and a spare backward), the current value and the history's running max."""
+AMAX_BYTES_PER_LAYER = 4 * 3 * 4
+"""fp32 amaxes one layer's fp8 GEMMs reduce each way: 4 GEMMs, at most 3 scaled tensors each (Transformer Engine
+1.x's fp8 meta: input, weight and output forward; output and input gradients backward)."""
 
 
 def amax_reduction_s(ctx: StepContext, layers: int) -> float:

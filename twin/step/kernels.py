@@ -77,7 +77,7 @@ def tensor_sizes(m: ModelSpec, shape: Shape, moe: bool) -> dict[str, float]:
     hq, hkv = m.heads * m.d_head, m.n_kv_heads * m.d_head
     width = (m.moe_ffn_hidden or 0) * (m.top_k + m.shared_experts) if moe else m.ffn_hidden
     mlp_t = mlp_tp(shape, moe)
-    shard = t if shape.sequence_parallel and mlp_t == t else 1  # each tp rank routes its own shard (dispatches_shards)
+    shard = routing_shard(shape)
     return {
         "h": float(m.hidden),
         "h_sp": m.hidden / t if shape.sequence_parallel else float(m.hidden),
@@ -133,6 +133,13 @@ def mlp_tp(shape: Shape, moe: bool) -> int:
     return (shape.expert_tp or shape.tp) if moe else shape.tp
 
 
+def routing_shard(shape: Shape) -> int:
+    """Ranks that split an MoE layer's tokens between them before routing: tp where each routes its own
+    sequence-parallel shard (experts split over tp under sequence parallelism, Megatron-Core's all-to-all
+    dispatcher), else 1 (every tp rank routes all of them)."""
+    return shape.tp if shape.sequence_parallel and (shape.expert_tp or shape.tp) == shape.tp else 1
+
+
 def routed_load(m: ModelSpec) -> float:
     """The busiest expert-parallel rank's routed tokens over the even share: the imbalance the plan gives, which a
     capacity caps (tokens over it are dropped, not computed)."""
@@ -172,27 +179,14 @@ def layer_cost(m: ModelSpec, shape: Shape, device: Device, stack: Stack, moe: bo
         before = fwd.seconds
         if kernel.gemm:
             routed = moe and kernel.gemm == "fc1"  # the router runs first; the experts' input arrives permuted
-            casts: list[tuple[float, float, float]] = []
-            for name in (ROUTER, "fc1") if routed else (kernel.gemm,):
-                runs_on = device.sixteen_bit() if name == ROUTER else device
-                for mm, nn, kk, b in gemms[name]:
-                    flops = 2 * mm * nn * kk * b
-                    times = (
-                        _batched(runs_on, mm, nn, kk, b, DTENSOR_OPS_FORWARD),
-                        _batched(runs_on, mm, kk, nn, b, DTENSOR_OPS_BACKWARD / 2),
-                        _batched(runs_on, kk, nn, mm, b, DTENSOR_OPS_BACKWARD / 2),
-                    )
-                    for tally, seconds in zip((fwd, dgrad, wgrad), times, strict=True):
-                        tally.add(seconds, flops)
-                    if kernel.gemm in ATTENTION_GEMMS:
-                        for tally, seconds in zip(block, times, strict=True):
-                            tally.add(seconds)
-                    if runs_on.operand_bytes == 1:
-                        casts.append((mm * kk * b * (2 if cast_in and not routed else 4), mm * nn * b * 4, b))
+            attention_block = block if kernel.gemm in ATTENTION_GEMMS else ()
+            for gemm in gemms[ROUTER] if routed else ():
+                _add_gemm(device.sixteen_bit(), gemm, (fwd, dgrad, wgrad), attention_block)
+            for gemm in gemms[kernel.gemm]:
+                _add_gemm(device, gemm, (fwd, dgrad, wgrad), attention_block)
             fwd_gemm += fwd.seconds - before
-            for forward_bytes, backward_bytes, kernels in casts:
-                fwd.add(device.elementwise_s(forward_bytes, kernels), 0.0, round(kernels))
-                other.add(device.elementwise_s(backward_bytes, kernels), 0.0, round(kernels))
+            if device.operand_bytes == 1:
+                _add_fp8_casts(device, gemms[kernel.gemm], cast_in and not routed, fwd, other)
         elif kernel.attention:
             attention_fwd += _attention(m, shape, device, kernel, fwd, other)
         else:
@@ -229,6 +223,29 @@ def kernel_bytes(kernel: Kernel, sizes: dict[str, float], shape: Shape, stack: S
     moved = [kernel.traffic] if kernel.traffic else [kernel.reads, kernel.writes]
     units = sum(n * sizes[name] for tensors in moved for name, n in tensors.items())
     return units * shape.tokens * ACT_BYTES * (stack.fp32_traffic if shape.act_bytes == 4 else 1.0)
+
+
+def _add_gemm(device: Device, gemm: Gemm, tallies: tuple[_Tally, ...], block: tuple[_Tally, ...]) -> None:
+    """One weight GEMM's forward, input- and weight-gradient products into `tallies` (and the attention block's)."""
+    mm, nn, kk, b = gemm
+    times = (
+        _batched(device, mm, nn, kk, b, DTENSOR_OPS_FORWARD),
+        _batched(device, mm, kk, nn, b, DTENSOR_OPS_BACKWARD / 2),
+        _batched(device, kk, nn, mm, b, DTENSOR_OPS_BACKWARD / 2),
+    )
+    for tally, seconds in zip(tallies, times, strict=True):
+        tally.add(seconds, 2 * mm * nn * kk * b)
+    for tally, seconds in zip(block, times, strict=False):  # block: the attention block's three, or none
+        tally.add(seconds)
+
+
+def _add_fp8_casts(device: Device, gemms: list[Gemm], fused: bool, fwd: _Tally, bwd: _Tally) -> None:
+    """The casts around fp8 GEMMs (Transformer Engine 1.x): forward, the bf16 input to fp8 with its transpose for
+    the weight gradient (read 2 bytes, write 1 + 1; only the transpose's 2 where the kernel before wrote fp8,
+    `fused`); backward, the output gradient likewise. One kernel each per GEMM of the batch."""
+    for mm, nn, kk, b in gemms:
+        fwd.add(device.elementwise_s(mm * kk * b * (2 if fused else 4), b), 0.0, round(b))
+        bwd.add(device.elementwise_s(mm * nn * b * 4, b), 0.0, round(b))
 
 
 def _batched(device: Device, m: float, n: float, k: float, batch: float, dtensor_ops: float) -> float:
