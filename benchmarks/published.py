@@ -159,7 +159,8 @@ MCORE_H100 = (
 )
 
 
-def mcore_plan(row: McoreRow) -> Plan:
+def mcore_plan(row: McoreRow, virtual: int = MEGATRON_DEFAULT_VIRTUAL_STAGES) -> Plan:
+    """The row as a plan; `virtual` stages per pipeline rank where a what-if asks (benchmarks/mcore_budget.py)."""
     return api.load_plan(
         {
             "name": f"mcore-h100-{row.name.lower()}",
@@ -171,7 +172,7 @@ def mcore_plan(row: McoreRow) -> Plan:
                 row.pp,
                 row.dp,
                 1,
-                MEGATRON_DEFAULT_VIRTUAL_STAGES,
+                virtual,
                 zero=1,
                 sequence_parallel=row.tp > 1,
             ),
