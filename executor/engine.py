@@ -92,6 +92,8 @@ class Trainer:
         self.mixed = mixed_precision(plan, device.type, asked_mixed)
         self.reduce_dtype = REDUCE_DTYPES[plan.training.reduce_dtype] if self.mixed else torch.float32
         self.fsdp_mesh = topo.replica_mesh if lay.zero > 0 else None  # what FSDP2 shards the weights over
+        if plan.model.is_moe:  # built on every rank in one order (new_group is collective), stages without MoE too
+            _ = (topo.ep_group, topo.sequence_group)
         self.stage_ids = stages_of_rank(plan, topo.coords.pp) if lay.pp > 1 else [0]
         self.parts = [self._build_part(s, compile) for s in self.stage_ids]
         self.params = list({id(p): p for m in self.parts for p in m.parameters()}.values())
@@ -111,7 +113,9 @@ class Trainer:
         model = build_stage_model(plan.model, layers, stage == 0, last, plan.training.seed, self.device, experts)
         for moe in model.moe_layers():
             moe.group, moe.comm = topo.ep_group, topo.comm
-            moe.cp_group = topo.group("cp") if lay.cp > 1 else None
+            moe.seq_group, moe.seq_positions = topo.sequence_group, topo.sequence_positions
+            moe.seq_axis = "cp" if lay.cp > 1 else "tp"
+            moe.seq_summed = lay.tp if lay.sequence_parallel else 1
             moe.aux_scale = 1.0 if lay.pp > 1 else 1.0 / plan.num_microbatches  # the schedule scales by itself
         set_recompute(model, lay.recompute)
         if lay.cp > 1:
@@ -260,6 +264,9 @@ class Trainer:
         comm.phase = "post"
         reduce_partial_gradients(self.params)
         lay = self.plan.layout
+        if lay.sequence_parallel and lay.tp > 1:  # each tp rank's MoE saw only its sequence shard: sum them
+            routed = [p for m in self.parts for moe in m.moe_layers() for p in moe.parameters()]
+            all_reduce_gradients(routed, self.topo.group("tp"), comm, 1, self.reduce_dtype, axis="tp")
         dense, experts = self.dense_and_experts()
         if (
             self.fsdp_mesh is not None and self.topo.expert_parallel

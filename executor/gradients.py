@@ -37,17 +37,19 @@ def all_reduce_gradients(
     comm: CommTimer,
     over: int | None = None,
     dtype: torch.dtype = torch.float32,
+    axis: str = "dp",
 ) -> None:
     """Sum gradients over a replica group with one flat all-reduce in `dtype` (the plan's reduce dtype under mixed
     precision) and divide by `over` (default: the group's size, an average — ZeRO 0). Expert weights pass their
     expert-replica group (or None, held once) and the dp·cp size: each expert's gradient already sums the tokens
-    of its whole expert-parallel group."""
+    of its whole expert-parallel group. An MoE layer's weights under sequence parallelism pass the tp group, over
+    1: each tp rank's gradient sums only the tokens of its shard. The step's timer books it under `axis`."""
     grads = [p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad for p in params if p.grad is not None]
     if not grads:
         return
     flat = torch.cat([g.reshape(-1) for g in grads]).to(dtype)
     if group is not None:
-        with comm.span("dp"):  # dp even where the replica group is the cp group
+        with comm.span(axis):  # dp even where the replica group is the cp group
             dist.all_reduce(flat, group=group)
     flat /= over or dist.get_world_size(group)
     offset = 0

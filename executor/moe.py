@@ -12,15 +12,17 @@ the same way; the gates weight and sum them at their tokens. Gradients take the 
 
 Routing is defined per sequence — the balance loss's load and score shares and the capacity's count — so that it
 does not depend on how the batch is split into replicas and microbatches: the sharded run and one process training
-the same batch route identically and compute the same loss. Under context parallelism the cp ranks sum their
-parts of each sequence's load and scores before the balance loss (a capacity, counted in token order along the
-whole sequence, is not offered with cp).
+the same batch route identically and compute the same loss. Where a sequence is spread over ranks — context
+parallelism, and under sequence parallelism the tp ranks, each of which routes its own shard (Megatron-Core's
+all-to-all dispatcher does the same) — those ranks (`seq_group`) sum their parts of each sequence's load and scores
+before the balance loss, and a capacity is counted in token order along the whole sequence: they swap their
+choices and the positions they hold (Topology.sequence_positions).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -61,23 +63,26 @@ def _exchange(
     return out
 
 
-class _CpSum(torch.autograd.Function):
-    """Sum a tensor over the context-parallel group; the backward sums the gradients the same way (every cp rank
-    computes the same whole-sequence loss from the sum). Hand-written for the reason _AllToAll is: timed as cp."""
+class _SequenceSum(torch.autograd.Function):
+    """Sum a tensor over the ranks that share the sequences. Each of them computes the same whole-sequence loss
+    from the sum, so the backward sums their gradients the same way and divides by `summed`, the ranks among them
+    whose weight gradients are later summed rather than averaged (the tp ranks under sequence parallelism; the cp
+    ranks' are averaged with dp's). Hand-written for the reason _AllToAll is: timed as the axis that splits the
+    sequence."""
 
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, group: Any, comm: CommTimer) -> torch.Tensor:
-        ctx.trip = (group, comm)
-        return _sum_over(x.clone(), group, comm)
+    def forward(ctx: Any, x: torch.Tensor, group: Any, comm: CommTimer, axis: str, summed: int) -> torch.Tensor:
+        ctx.trip = (group, comm, axis, summed)
+        return _sum_over(x.clone(), group, comm, axis)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        group, comm = ctx.trip
-        return _sum_over(grad.clone(), group, comm), None, None
+        group, comm, axis, summed = ctx.trip
+        return _sum_over(grad.clone(), group, comm, axis) / summed, None, None, None, None
 
 
-def _sum_over(x: torch.Tensor, group: Any, comm: CommTimer) -> torch.Tensor:
-    with comm.span("cp"):
+def _sum_over(x: torch.Tensor, group: Any, comm: CommTimer, axis: str) -> torch.Tensor:
+    with comm.span(axis):
         dist.all_reduce(x, group=group)
     return x
 
@@ -113,9 +118,18 @@ class MoE(nn.Module):
         self.shared = FeedForward(spec.hidden, width * spec.shared_experts, glu) if spec.shared_experts else None
         self.group: Any = None
         """The expert-parallel process group (None: every expert is here)."""
-        self.cp_group: Any = None
-        """The context-parallel group (None: whole sequences here): its ranks hold parts of the same sequences
-        and share their routing statistics, so the balance loss is the whole sequence's."""
+        self.seq_group: Any = None
+        """The ranks holding parts of the same sequences (cp, and tp under sequence parallelism; None: whole
+        sequences here): they share their routing statistics, so the balance loss and the capacity are the whole
+        sequence's."""
+        self.seq_axis = "cp"
+        """The axis the step's timer books `seq_group`'s exchanges under (cp, or tp where only tp splits)."""
+        self.seq_summed = 1
+        """Ranks of `seq_group` whose gradients of this layer's weights are summed, not averaged (tp under
+        sequence parallelism: Trainer sums the MoE weights' gradients over tp)."""
+        self.seq_positions: Callable[[int], torch.Tensor] | None = None
+        """Positions along the whole sequence of the tokens this rank holds, given how many it holds per sequence
+        (Topology.sequence_positions); set with `seq_group`."""
         self.comm = CommTimer()
         self.aux_scale = 1.0
         """Gradient of the step's objective per unit of this microbatch's balance loss (1/microbatches unless
@@ -159,21 +173,43 @@ class MoE(nn.Module):
         """Which choices an expert takes: all (dropless), or per sequence the first `capacity` in token order."""
         if self.capacity_factor is None:
             return torch.ones_like(chosen, dtype=torch.bool)
-        capacity = math.ceil(self.capacity_factor * self.top_k * seq / self.n_experts)
-        onehot = F.one_hot(chosen.view(batch, seq * self.top_k), self.n_experts)
-        position = ((onehot.cumsum(1) - 1) * onehot).sum(-1)  # a choice's place in its expert's queue
+        queue, mine = chosen.view(batch, seq, self.top_k), None
+        if self.seq_group is not None:
+            queue, mine = self._whole_sequence(queue)
+        whole = queue.shape[1]
+        capacity = math.ceil(self.capacity_factor * self.top_k * whole / self.n_experts)
+        onehot = F.one_hot(queue.reshape(batch, whole * self.top_k), self.n_experts)
+        position = ((onehot.cumsum(1) - 1) * onehot).sum(-1).view(batch, whole, self.top_k)  # place in the queue
+        if mine is not None:
+            position = position[:, mine]
         return (position < capacity).view_as(chosen)
+
+    def _whole_sequence(self, queue: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The choices [batch, seq, k] of every rank sharing the sequences, placed at their positions along the
+        whole sequence, and the positions of this rank's own."""
+        assert self.seq_positions is not None
+        size, seq = dist.get_world_size(self.seq_group), queue.shape[1]
+        mine = self.seq_positions(seq).to(queue.device)
+        parts, places = [torch.empty_like(queue) for _ in range(size)], [torch.empty_like(mine) for _ in range(size)]
+        with self.comm.span(self.seq_axis):
+            dist.all_gather(parts, queue.contiguous(), group=self.seq_group)
+            dist.all_gather(places, mine, group=self.seq_group)
+        whole = queue.new_empty((queue.shape[0], seq * size, self.top_k))
+        for part, place in zip(parts, places, strict=True):
+            whole[:, place] = part
+        return whole, mine
 
     def _balance_loss(self, scores: torch.Tensor, chosen: torch.Tensor, batch: int, seq: int) -> torch.Tensor:
         """α · Σ_e f_e · P_e per sequence, averaged: f_e = E/(k·T) · choices of e, P_e = mean normalised score."""
         load = F.one_hot(chosen, self.n_experts).sum(1).view(batch, seq, -1).sum(1).float()
         normalised = (scores / scores.sum(-1, keepdim=True)).view(batch, seq, -1)
-        if self.cp_group is None:
+        if self.seq_group is None:
             prob = normalised.mean(1)
-        else:  # this rank holds seq of the sequence's cp·seq tokens: sum the parts, then average
-            _sum_over(load, self.cp_group, self.comm)
-            seq *= dist.get_world_size(self.cp_group)
-            prob = _CpSum.apply(normalised.sum(1), self.cp_group, self.comm) / seq
+        else:  # this rank holds seq of the sequence's size·seq tokens: sum the parts, then average
+            _sum_over(load, self.seq_group, self.comm, self.seq_axis)
+            seq *= dist.get_world_size(self.seq_group)
+            parts = normalised.sum(1)
+            prob = _SequenceSum.apply(parts, self.seq_group, self.comm, self.seq_axis, self.seq_summed) / seq
         share = load * self.n_experts / (self.top_k * seq)
         return self.aux_coef * (share * prob).sum(-1).mean()
 

@@ -36,7 +36,7 @@ from torch.distributed.tensor.parallel import (
 )
 
 from executor.commtime import CommTimer
-from executor.context_parallel import AllGatherAttention
+from executor.context_parallel import AllGatherAttention, local_positions
 from executor.mlp import FeedForward
 from executor.model import GPT
 from executor.moe import MoE
@@ -53,16 +53,6 @@ class LayoutError(ValueError):
 def check_supported(plan: Plan) -> None:
     """Reject what the executor does not implement, before any process group exists."""
     m, lay = plan.model, plan.layout
-    if m.is_moe and lay.cp > 1 and m.capacity_factor is not None:
-        raise LayoutError(
-            "model.capacity_factor: the executor counts an expert's capacity in token order along each sequence, "
-            "which cp splits over ranks; set capacity_factor: null (dropless) or cp: 1"
-        )
-    if m.is_moe and lay.tp > 1 and lay.sequence_parallel:
-        raise LayoutError(
-            "layout.sequence_parallel: the executor's MoE layers run on the whole sequence of each tp rank; set "
-            "sequence_parallel: false for an MoE model under tp"
-        )
     if lay.tp > m.n_kv_heads:
         raise LayoutError(
             f"layout.tp: {lay.tp} exceeds model.kv_heads={m.n_kv_heads}; the executor splits kv heads and does not "
@@ -137,6 +127,28 @@ class Topology:
         return _own_group(rows, self.rank) if self.expert_parallel and rows.shape[1] > 1 else None
 
     @cached_property
+    def sequence_group(self) -> dist.ProcessGroup | None:
+        """The ranks holding parts of the same sequences at an MoE layer: cp, and tp under sequence parallelism
+        (each tp rank then routes its own shard); None where every rank holds whole sequences. Built on every
+        rank of an MoE plan (new_group is collective)."""
+        lay = self.plan.layout
+        axes = [a for a, split in (("cp", lay.cp > 1), ("tp", lay.tp > 1 and lay.sequence_parallel)) if split]
+        if not self.plan.model.is_moe or not axes:
+            return None
+        return _own_group(self.grid.groups(*axes), self.rank)
+
+    def sequence_positions(self, seq: int, device: torch.device | None = None) -> torch.Tensor:
+        """Positions along the whole sequence of the `seq` tokens per sequence this rank holds at an MoE layer:
+        its cp rank's load-balanced chunks (executor/context_parallel.py), then under sequence parallelism its tp
+        rank's contiguous slice of them (DTensor's Shard(1))."""
+        lay, c = self.plan.layout, self.coords
+        tp = lay.tp if lay.sequence_parallel else 1
+        held = seq * tp
+        cp_part = local_positions(held, c.cp, lay.cp, device) if lay.cp > 1 else torch.arange(held, device=device)
+        rank = c.tp if tp > 1 else 0
+        return cp_part[rank * seq : (rank + 1) * seq]
+
+    @cached_property
     def expert_mesh(self) -> DeviceMesh:
         """The edp·cp ranks that hold this rank's experts, as a mesh FSDP2 shards the experts over (ZeRO > 0 with
         expert parallelism; one rank where each expert is held once)."""
@@ -193,14 +205,20 @@ def apply_tensor_parallel(model: GPT, tp_mesh: DeviceMesh, sequence_parallel: bo
             "attention.wv": ColwiseParallel(),
             "attention.wo": RowwiseParallel(output_layouts=seq),
         }
-        if isinstance(block.feed_forward, FeedForward):  # an MoE MLP runs whole on each tp rank (check_supported)
+        if isinstance(block.feed_forward, FeedForward):  # an MoE MLP runs whole on each tp rank
             plan["feed_forward.w1"] = ColwiseParallel()
             plan["feed_forward.w2"] = RowwiseParallel(output_layouts=seq)
             if block.feed_forward.w3 is not None:
                 plan["feed_forward.w3"] = ColwiseParallel()
         if sequence_parallel:
-            for name in ("attention", "feed_forward"):
-                plan[name] = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
+            plan["attention"] = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
+            plan["feed_forward"] = (
+                PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
+                if isinstance(block.feed_forward, FeedForward)
+                else PrepareModuleInput(  # an MoE routes its own sequence shard (MoE.seq_group sums what spans it)
+                    input_layouts=(Shard(1),), desired_input_layouts=(Shard(1),), use_local_output=True
+                )
+            )
             plan["attention_norm"] = SequenceParallel()
             plan["ffn_norm"] = SequenceParallel()
         parallelize_module(block, tp_mesh, plan)  # type: ignore[arg-type]

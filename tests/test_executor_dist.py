@@ -194,6 +194,8 @@ MOE_TWO_RANKS = {
     "ep2": [*MOE_SINGLE, "layout.dp=2", "layout.ep=2"],
     "ep2-dropping": [*MOE_SINGLE, "layout.dp=2", "layout.ep=2", DROPPING],
     "cp2": [*MOE_SINGLE, "layout.cp=2"],
+    "cp2-dropping": [*MOE_SINGLE, "layout.cp=2", DROPPING],  # the capacity counted along the whole sequence
+    "tp2-sp-dropping": [*MOE_SINGLE, "layout.tp=2", "layout.sequence_parallel=true", DROPPING],  # shards routed
     "ep2-zero1": [*MOE_SINGLE, "layout.dp=2", "layout.ep=2", "layout.zero=1"],
 }
 MOE_FOUR_RANKS_SLOW = {
@@ -219,6 +221,9 @@ MOE_FOUR_RANKS_SLOW = {
     ],
     "ep2-pp2-dropping": [*MOE_SINGLE, "layout.dp=2", "layout.ep=2", "layout.pp=2", DROPPING],
     "ep2-cp2": [*MOE_SINGLE, "layout.dp=2", "layout.ep=2", "layout.cp=2"],
+    "ep2-cp2-dropping": [*MOE_SINGLE, "layout.dp=2", "layout.ep=2", "layout.cp=2", DROPPING],
+    "ep2-tp2-sp": [*MOE_SINGLE, "layout.dp=2", "layout.ep=2", "layout.tp=2", "layout.sequence_parallel=true"],
+    "cp2-tp2-sp-dropping": [*MOE_SINGLE, "layout.cp=2", "layout.tp=2", "layout.sequence_parallel=true", DROPPING],
     "ep2-dp4-zero3": [*MOE_SINGLE, "layout.dp=4", "layout.ep=2", "layout.zero=3"],
 }
 

@@ -201,3 +201,24 @@ def test_an_sp_split_moe_layer_routes_its_own_shard_and_gathers_the_routed_copie
     own = blocks * (ctx.time("all_gather", gathered, tp) + ctx.time("reduce_scatter", reduced, tp))
     routed = ctx.time("all_gather", copies, ctx.span("tp")) + ctx.time("reduce_scatter", copies, ctx.span("tp"))
     assert tp_comm(ctx, cost, moe=True) == pytest.approx((own + routed, own + routed), rel=1e-12)
+
+
+def test_the_executor_routes_its_own_sp_shard_to_whole_experts_and_gathers_nothing_over_tp() -> None:
+    """The executor under sequence parallelism: each tp rank routes its own s/tp tokens (executor/moe.py
+    seq_group) to experts that run whole on it, so the all-to-all moves a tp-th of the tokens and the MoE layer
+    has no tensor-parallel collective; the attention block keeps its gather and its scatter."""
+    base = ["cluster=localhost-cpu", "layout.tp=2", "layout.pp=1", "layout.dp=2", "layout.ep=2"]
+    whole, shard = (loader.load("cpu-tiny-moe", [*base, f"layout.sequence_parallel={sp}"]) for sp in ("false", "true"))
+    m, tokens = shard.model, shard.layout.microbatch_size * shard.model.seq_len
+    for plan, routed in ((whole, tokens), (shard, tokens / 2)):
+        ctx = step_context(plan, loader.plan_cluster(plan), PredictOptions(stragglers=False))
+        cost = layer_cost(plan.model, shape_of(ctx), ctx.device, ctx.stack, True, plan.layout.recompute)
+        a2a = sum(ctx.time("all_to_all", routed * m.top_k * m.hidden * w, ctx.span("ep")) for w in ctx.ep_bytes)
+        assert layer_comm(ctx, cost, moe=True)["ep"] == pytest.approx((a2a, a2a), rel=1e-12)
+    ctx = step_context(shard, loader.plan_cluster(shard), PredictOptions(stragglers=False))
+    cost = layer_cost(m, shape_of(ctx), ctx.device, ctx.stack, True, shard.layout.recompute)
+    tp = ctx.span("tp")
+    own = ctx.time("all_gather", tokens * m.hidden * ctx.gather_bytes, tp)
+    own += ctx.time("reduce_scatter", tokens * m.hidden * ctx.comm_bytes, tp)
+    fwd, _ = tp_comm(ctx, cost, moe=True)
+    assert fwd == pytest.approx(own, rel=1e-12)  # one block's pair, no routed copies gathered

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from twin.step import schedules
 from twin.step.context import StepContext, shape_of
-from twin.step.kernels import PassCost, routed_load, routing_shard
+from twin.step.kernels import PassCost, mlp_tp, routed_load, routing_shard
 from twin.step.memory import layer_params, stage_params
 
 
@@ -29,8 +29,9 @@ def overlapped(comm: float, compute: float, chunks: float) -> float:
 
 def tp_comm(ctx: StepContext, cost: PassCost, moe: bool = False) -> tuple[float, float]:
     """Exposed (forward, backward) seconds of one layer's tensor-parallel collectives for one microbatch. An MoE
-    layer whose stack runs the MLP whole on every tp rank (Stack.moe_tensor_parallel false; without sequence
-    parallelism, as the executor requires) has the attention block's collectives only. One whose experts are split
+    layer whose stack runs the MLP whole on every tp rank (Stack.moe_tensor_parallel false, the executor: on the
+    whole sequence, or under sequence parallelism on the rank's own shard) has the attention block's collectives
+    only. One whose experts are split
     under sequence parallelism routes its own shard of tokens: the dispatcher all-gathers the top_k copies it
     receives over tp before the experts and reduce-scatters them after (Megatron-Core core_v0.10.0
     moe/token_dispatcher.py, MoEAlltoAllTokenDispatcher), plain collectives no GEMM hides; the attention block's
@@ -79,9 +80,11 @@ def tp_comm(ctx: StepContext, cost: PassCost, moe: bool = False) -> tuple[float,
 
 
 def dispatches_shards(ctx: StepContext) -> bool:
-    """Whether each tp rank routes its own sequence-parallel shard of an MoE layer's tokens (experts split over tp
-    under sequence parallelism, Megatron-Core), rather than every tp rank all of them (kernels.routing_shard)."""
-    return routing_shard(shape_of(ctx)) > 1
+    """Whether each tp rank routes its own sequence-parallel shard of an MoE layer's tokens (kernels.routing_shard)
+    to experts split over tp, so that the routed copies are gathered over tp before the experts and scattered
+    after (Megatron-Core); a stack that runs the experts whole on each tp rank (the executor) gathers nothing."""
+    shape = shape_of(ctx)
+    return routing_shard(shape) > 1 and mlp_tp(shape, moe=True) == shape.tp
 
 
 def _contention(ctx: StepContext, overlap_s: float) -> float:

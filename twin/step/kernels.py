@@ -134,10 +134,10 @@ def mlp_tp(shape: Shape, moe: bool) -> int:
 
 
 def routing_shard(shape: Shape) -> int:
-    """Ranks that split an MoE layer's tokens between them before routing: tp where each routes its own
-    sequence-parallel shard (experts split over tp under sequence parallelism, Megatron-Core's all-to-all
-    dispatcher), else 1 (every tp rank routes all of them)."""
-    return shape.tp if shape.sequence_parallel and (shape.expert_tp or shape.tp) == shape.tp else 1
+    """Ranks that split an MoE layer's tokens between them before routing: tp under sequence parallelism, where
+    each tp rank routes its own shard (Megatron-Core's all-to-all dispatcher, and the executor, whose experts run
+    whole on each tp rank), else 1 (every tp rank routes all of them)."""
+    return shape.tp if shape.sequence_parallel else 1
 
 
 def routed_load(m: ModelSpec) -> float:
