@@ -82,23 +82,37 @@ def assert_same_state(a: dict[str, Any], b: dict[str, Any]) -> None:
                 assert torch.equal(value, b[part][key]), f"{part}.{key}"
 
 
+MOE_RESUMED = {
+    "replicated": ["layout.tp=1", "layout.dp=2", "layout.ep=2", "layout.zero=0"],
+    "fsdp": ["layout.tp=1", "layout.dp=2", "layout.ep=2", "layout.zero=1"],
+    "tp2-sp-capacity": [
+        "layout.tp=2",
+        "layout.sequence_parallel=true",
+        "layout.dp=1",
+        "layout.ep=1",
+        "model.capacity_factor=1.0",
+    ],
+}
+
+
 @pytest.mark.slow  # four launches of the MoE preset, about 40 s on 2 cores
 @pytest.mark.timeout(400)
-@pytest.mark.parametrize("zero", [0, 1], ids=["replicated", "fsdp"])
-def test_moe_kill_and_resume_is_bit_identical_and_reshards_over_ep(tmp_path: Path, zero: int) -> None:
-    """DP2 with the experts over EP2 (whole, or FSDP2-sharded apart from the dense weights), a rank killed at step
-    3: the same losses, gradient norms, weights and optimizer state as a run never interrupted; and one rank (ep 1,
-    every expert) resumes its step-2 checkpoint and goes on with the same losses (each expert found by its name)."""
-    ep2 = ["layout.tp=1", "layout.pp=1", "layout.dp=2", "layout.ep=2", f"layout.zero={zero}"]
-    ep2 += ["reliability.checkpoint=sync"]
-    ep2 += ["reliability.checkpoint_every_steps=2", "reliability.keep_checkpoints=2"]
-    clean = launch(tmp_path, "clean", ep2, steps=4, preset="cpu-tiny-moe")
-    killed = launch(tmp_path, "killed", ep2, steps=4, inject=("crash@3:1",), preset="cpu-tiny-moe")
+@pytest.mark.parametrize("layout", MOE_RESUMED.values(), ids=MOE_RESUMED.keys())
+def test_moe_kill_and_resume_is_bit_identical_and_reshards_over_ep(tmp_path: Path, layout: list[str]) -> None:
+    """Two ranks — DP2 with the experts over EP2 (whole, or FSDP2-sharded apart from the dense weights), or TP2
+    with sequence parallelism routing each rank's shard under a capacity — a rank killed at step 3: the same
+    losses, gradient norms, weights and optimizer state as a run never interrupted; and one rank (every expert)
+    resumes its step-2 checkpoint and goes on with the same losses (each expert found by its name)."""
+    two = ["layout.pp=1", *layout, "reliability.checkpoint=sync"]
+    two += ["reliability.checkpoint_every_steps=2", "reliability.keep_checkpoints=2"]
+    clean = launch(tmp_path, "clean", two, steps=4, preset="cpu-tiny-moe")
+    killed = launch(tmp_path, "killed", two, steps=4, inject=("crash@3:1",), preset="cpu-tiny-moe")
     want, got = rank0_steps(clean), rank0_steps(killed)
     assert sorted(got) == list(range(4)) and len(events(killed, "resume")) == 1
     assert [(got[s].loss, got[s].grad_norm) for s in got] == [(want[s].loss, want[s].grad_norm) for s in want]
     assert_same_state(final_state(clean, tmp_path), final_state(killed, tmp_path))
-    single = ["layout.tp=1", "layout.pp=1", "layout.dp=1", "layout.ep=1"]
+    single = ["layout.tp=1", "layout.pp=1", "layout.dp=1", "layout.ep=1", "layout.sequence_parallel=false"]
+    single += [x for x in layout if x.startswith("model.")]
     start = ["--resume-from", str(clean / "checkpoints" / "step_00000002")]
     narrow = rank0_steps(launch(tmp_path, "ep1", single, steps=4, preset="cpu-tiny-moe", extra=start))
     assert sorted(narrow) == [2, 3]
