@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 
+from benchmarks.published import NARAYANAN_TABLE_1, narayanan_plan
 from plan import loader
+from plan.limits import DEFAULT_LIMITS
 from twin import api
 from twin.step.pipeline_data import PipelineInput
 from twin.step.predict import PredictOptions, StepPrediction
@@ -63,12 +66,36 @@ def test_extension_costs_the_same_whatever_the_batch() -> None:
 
 
 def test_short_steps_are_simulated_whole() -> None:
-    assert sample_counts("1f1b", 8, 60) is None  # 16 + 24 + 32 simulated would cost more than 60
-    assert sample_counts("1f1b", 8, 90) == (18, 26, 34)  # congruent to 90 modulo the spacing
-    assert sample_counts("interleaved-1f1b", 4, 44) == (8, 12, 16)
+    assert sample_counts("1f1b", 8, 27) is None  # 8 + 9 + 10 simulated would cost as much as 27
+    assert sample_counts("1f1b", 8, 90) == (8, 9, 10)  # from a depth, a microbatch apart
+    assert sample_counts("interleaved-1f1b", 4, 44) == (8, 12, 16)  # from two rounds of pp, a round apart
+    assert sample_counts("interleaved-1f1b", 4, 46) == (10, 14, 18)  # congruent to 46 modulo 4
     assert sample_counts("zbv", 4, 400) is None  # watched instead (below)
     plan = loader.load("cpu-tiny")
     assert api.predict(plan).microbatches_simulated == plan.num_microbatches
+
+
+def test_a_cpu_host_step_is_simulated_whole_and_the_same_step_on_gpus_is_extended() -> None:
+    """A CPU host's core sharing adds events that do not repeat (GPipe at pp 2 over 64 microbatches counted 517
+    events extended against 516 whole), so its steps are simulated whole; the same step on GPUs is extended."""
+    shape = ["layout.pp=2", "layout.schedule=gpipe", "layout.dp=1", "layout.tp=1", "layout.microbatch_size=1"]
+    cpu = loader.load("cpu-tiny", [*shape, "training.global_batch=64"])
+    assert api.predict(cpu).microbatches_simulated == cpu.num_microbatches == 64
+    gpu = loader.load("cpu-tiny", [*shape, "training.global_batch=64", "cluster=dgx-h100-superpod"])
+    extended = api.predict(gpu)
+    assert extended.microbatches_simulated < gpu.num_microbatches
+    _same(extended, api.predict(gpu, EVERY))
+
+
+def test_a_deep_pipeline_is_extended_from_three_short_steps() -> None:
+    """Narayanan et al.'s 1T row as its script ran it (pp 64, 512 microbatches per replica, 1F1B): steps of 64, 65
+    and 66 microbatches give every figure of the full simulation."""
+    plan = narayanan_plan(NARAYANAN_TABLE_1[-1])
+    assert (plan.layout.pp, plan.num_microbatches, plan.layout.schedule) == (64, 512, "1f1b")
+    limits = replace(DEFAULT_LIMITS, step_actions=70_000)  # the full simulation, for the comparison
+    extended = api.predict(plan, limits=limits)
+    assert extended.microbatches_simulated == 66
+    _same(extended, api.predict(plan, EVERY, limits=limits))
 
 
 @pytest.mark.parametrize("schedule", [s for s, _ in SCHEDULES])

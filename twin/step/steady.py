@@ -8,8 +8,11 @@ and bubble, the events simulated) grows by the same amount per period: it is aff
 
 Two ways to see that repeat, by how soon the schedule reaches it:
 
-- GPipe, 1F1B and interleaved 1F1B repeat within two pipeline depths. `simulate_extended` simulates counts a
-  pipeline depth apart past the warm-up until the last three agree on every figure, and extends the last difference.
+- GPipe, 1F1B and interleaved 1F1B repeat once every rank is past its warm-up. `simulate_extended` simulates
+  counts a period apart from one pipeline depth on until the last three agree on every figure, and extends the
+  last difference. GPipe and 1F1B repeat from one pipeline depth, a microbatch apart: 3·pp + 3 microbatches
+  simulated, which is what lets a 512-microbatch step at pp 64 be extended at all (counts a depth apart from two
+  depths, as before, cost 9·pp). Interleaved 1F1B goes in rounds of pp and needs two of them: 9·pp.
 - The zero-bubble schedules (ZB-H1, ZBV, DualPipe-V) split the backward, and how their waits fall between ranks
   settles slowly: on GPT-3 175B over pp 8 the events repeat only after 80 microbatches (ZB-H1) and 134 (ZBV,
   DualPipe-V), and three short steps can agree on a rate the full step does not keep. Their step of m is simulated
@@ -19,7 +22,9 @@ Two ways to see that repeat, by how soon the schedule reaches it:
   hold that window, a period apart, are then simulated whole, checked event by event to be one another with a
   period inserted, and extended. Where the repeat comes too late to save time, the step of m simply runs on.
 
-tests/test_steady.py holds the extended result equal to the full simulation for every schedule.
+tests/test_steady.py holds the extended result equal to the full simulation for every schedule. A CPU host's
+shared cores are state the events do not show (their re-sharing adds events that do not repeat): its steps are
+simulated whole, as they are short.
 
 Hand-written: SimPy simulates what it is given; recognising that a simulated process repeats is outside it.
 """
@@ -54,13 +59,16 @@ def period(schedule: str, pp: int) -> int:
 
 
 def sample_counts(schedule: str, pp: int, m: int) -> tuple[int, int, int] | None:
-    """The first three microbatch counts to simulate for a step of `m`: past the warm-up (two pipeline depths), a
-    pipeline depth apart (a whole number of periods), congruent to m modulo that spacing; None where the schedule
-    is simulated whole or simulating them costs more than simulating m."""
+    """The first three microbatch counts to simulate for a step of `m`: from the microbatches every rank's warm-up
+    needs (pp; two rounds of pp for interleaved 1F1B, whose first rank warms up over (v-1)·pp + 2(pp-1) chunks), a
+    period apart, congruent to m modulo the period; None where the schedule is simulated whole or simulating them
+    costs more than simulating m. That the three show the steady state is checked, not assumed: `simulate_extended`
+    goes on a period at a time until two differences agree."""
     if schedule not in EXTENDED:
         return None
-    p = max(period(schedule, pp), pp)  # a pipeline depth apart: a shorter spacing can look affine mid-transient
-    first = 2 * pp + (m - 2 * pp) % p
+    p = period(schedule, pp)
+    depth = 2 * pp if schedule == "interleaved-1f1b" else pp
+    first = depth + (m - depth) % p
     counts = (first, first + p, first + 2 * p)
     return counts if sum(counts) < m else None
 
@@ -73,10 +81,10 @@ def simulate_extended(
 
     GPipe and 1F1B: simulates counts a period apart from `sample_counts`' first until the last three agree (the two
     differences equal on every figure), one more count at a time while all of them together cost less than m
-    microbatches. A zero-bubble schedule is watched until its events repeat (`_watched_until_periodic`), except on
-    a CPU host, whose shared cores are state the events do not show: it is simulated whole there.
+    microbatches. A zero-bubble schedule is watched until its events repeat (`_watched_until_periodic`). On a CPU
+    host, whose shared cores are state the events do not show, every schedule is simulated whole.
     The timeline (`slices`) of an extended result is the last simulation's; `extended_from` says its count."""
-    counts = sample_counts(schedule, pp, m)
+    counts = sample_counts(schedule, pp, m) if inp.host is None else None
     if counts is None:
         if schedule in EXTENDED or inp.host is not None:
             return simulate(replace(inp, orders=orders_for(m)))
