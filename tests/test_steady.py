@@ -47,6 +47,27 @@ def test_every_schedule_extended_equals_the_full_simulation(schedule: str, v: in
         assert extended.microbatches_simulated < plan.num_microbatches
 
 
+@pytest.mark.parametrize(("schedule", "v"), [("gpipe", 1), ("1f1b", 1), ("interleaved-1f1b", 2)])
+@pytest.mark.parametrize(("pp", "microbatches"), [(2, 11), (3, 16), (6, 33), (12, 61)])
+@pytest.mark.parametrize("variant", [[], ["model.vocab=256000"], ["layout.recompute=full"]])
+def test_shallow_and_deep_pipelines_extend_from_their_first_depth_exactly(
+    schedule: str, v: int, pp: int, microbatches: int, variant: list[str]
+) -> None:
+    """Counts from one pipeline depth, a microbatch apart (from two rounds of pp, a round apart, for interleaved
+    1F1B, given ten rounds): at pipeline depths from 2 to 12, a last stage made slower by a 256k vocabulary's head,
+    and full recompute, the extended step is the simulated one."""
+    if schedule == "interleaved-1f1b":
+        microbatches = 10 * pp
+    plan = loader.load(
+        "gpt3-175b-1k",
+        [f"layout.schedule={schedule}", f"layout.virtual_stages={v}", f"layout.pp={pp}", "layout.tp=8",
+         "layout.dp=8", f"training.global_batch={8 * microbatches}", *variant],
+    )  # fmt: skip
+    extended = api.predict(plan)
+    assert extended.microbatches_simulated < plan.num_microbatches
+    _same(extended, api.predict(plan, EVERY))
+
+
 @pytest.mark.parametrize(("schedule", "simulated"), [("zb-h1", 87), ("zbv", 141), ("dualpipe-v", 132)])
 def test_a_zero_bubble_step_is_extended_once_its_events_repeat(schedule: str, simulated: int) -> None:
     plan = loader.load(
