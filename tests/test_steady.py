@@ -92,19 +92,26 @@ def test_short_steps_are_simulated_whole() -> None:
     assert sample_counts("interleaved-1f1b", 4, 44) == (8, 12, 16)  # from two rounds of pp, a round apart
     assert sample_counts("interleaved-1f1b", 4, 46) == (10, 14, 18)  # congruent to 46 modulo 4
     assert sample_counts("zbv", 4, 400) is None  # watched instead (below)
+    assert sample_counts("1f1b", 8, 90, host=True) == (18, 26, 34)  # a CPU host: a depth apart from two depths
     plan = loader.load("cpu-tiny")
     assert api.predict(plan).microbatches_simulated == plan.num_microbatches
 
 
-def test_a_cpu_host_step_is_simulated_whole_and_the_same_step_on_gpus_is_extended() -> None:
-    """A CPU host's core sharing adds events that do not repeat (GPipe at pp 2 over 64 microbatches counted 517
-    events extended against 516 whole), so its steps are simulated whole; the same step on GPUs is extended."""
+def test_a_cpu_host_step_extends_from_two_depths_with_the_same_step_figures() -> None:
+    """A CPU host's core sharing adds events that do not repeat a microbatch apart: its counts stay a depth apart
+    from two depths, its step and per-stage figures equal the whole step's, and only its event count is the
+    extension's (2,053 against 2,245 here); the same step on GPUs extends from one depth, events and all."""
     shape = ["layout.pp=2", "layout.schedule=gpipe", "layout.dp=1", "layout.tp=1", "layout.microbatch_size=1"]
-    cpu = loader.load("cpu-tiny", [*shape, "training.global_batch=64"])
-    assert api.predict(cpu).microbatches_simulated == cpu.num_microbatches == 64
-    gpu = loader.load("cpu-tiny", [*shape, "training.global_batch=64", "cluster=dgx-h100-superpod"])
+    cpu = loader.load("cpu-tiny", [*shape, "training.global_batch=256"])
+    extended, full = api.predict(cpu), api.predict(cpu, EVERY)
+    assert extended.microbatches_simulated == 16 and full.microbatches_simulated == 256  # 4, 6, 8, ... 16
+    assert math.isclose(extended.step_time_s, full.step_time_s, rel_tol=1e-9)
+    for ext, ref in zip(extended.stage_phases_s, full.stage_phases_s, strict=True):
+        assert all(math.isclose(ext[k], v, rel_tol=1e-9, abs_tol=1e-12) for k, v in ref.items())
+    assert (extended.events, full.events) == (2053, 2245)
+    gpu = loader.load("cpu-tiny", [*shape, "training.global_batch=256", "cluster=dgx-h100-superpod"])
     extended = api.predict(gpu)
-    assert extended.microbatches_simulated < gpu.num_microbatches
+    assert extended.microbatches_simulated == 4  # counts 2, 3, 4
     _same(extended, api.predict(gpu, EVERY))
 
 

@@ -22,13 +22,13 @@ from twin.step.steady import sample_counts
 def step_actions(plan: Plan) -> int:
     """Pipeline actions of one simulated step: pp · virtual_stages stages × microbatches × passes (F and B, and W
     where the schedule splits the weight gradients off); a long step of GPipe or 1F1B (interleaved or not)
-    simulates three short ones instead (twin/step/steady.py), which count, except on a CPU host, where every step
-    is simulated whole. A zero-bubble step counts whole: it stops early only once its events repeat, which no
-    plan-level figure foretells."""
+    simulates three short ones instead (twin/step/steady.py; longer ones on a CPU host), which count. A
+    zero-bubble step counts whole: it stops early only once its events repeat, which no plan-level figure
+    foretells."""
     lay = plan.layout
     passes = 3 if schedules.splits_weight_grad(lay.schedule) else 2
     host = loader.plan_cluster(plan).accelerator.kind == "cpu"
-    counts = None if host else sample_counts(lay.schedule, lay.pp, plan.num_microbatches)
+    counts = sample_counts(lay.schedule, lay.pp, plan.num_microbatches, host=host)
     return lay.num_stages * (sum(counts) if counts else plan.num_microbatches) * passes
 
 
