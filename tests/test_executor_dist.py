@@ -223,6 +223,8 @@ MOE_FOUR_RANKS_SLOW = {
     "ep2-cp2": [*MOE_SINGLE, "layout.dp=2", "layout.ep=2", "layout.cp=2"],
     "ep2-cp2-dropping": [*MOE_SINGLE, "layout.dp=2", "layout.ep=2", "layout.cp=2", DROPPING],
     "ep2-tp2-sp": [*MOE_SINGLE, "layout.dp=2", "layout.ep=2", "layout.tp=2", "layout.sequence_parallel=true"],
+    "ep2-tp2-zero1": [*MOE_SINGLE, "layout.dp=2", "layout.ep=2", "layout.tp=2", "layout.zero=1"],
+    "dp2-tp2-sp-zero1": [*MOE_SINGLE, "layout.dp=2", "layout.tp=2", "layout.sequence_parallel=true", "layout.zero=1"],
     "cp2-tp2-sp-dropping": [*MOE_SINGLE, "layout.cp=2", "layout.tp=2", "layout.sequence_parallel=true", DROPPING],
     "ep2-dp4-zero3": [*MOE_SINGLE, "layout.dp=4", "layout.ep=2", "layout.zero=3"],
 }
