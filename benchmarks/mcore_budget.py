@@ -35,9 +35,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a scri
 from benchmarks.published import MCORE_H100, McoreRow, mcore_plan, mcore_tflops
 from twin import api
 
-H100_BF16_PEAK_TFLOPS = 989.4
-"""Dense bf16 peak (topologies/accelerators/h100-sxm5-80gb.yaml), the MFU the README quotes divides by it."""
-
 STRONG_SCALING = ((2, 0.47), (48, 0.44), (96, 0.42))
 """(DP, published MFU) of the README's strong-scaling figure for the 177B model at TP8 x PP6 (96, 2,304 and
 4,608 GPUs): the endpoints as the README's prose gives them, the middle as the weak-scaling table's 177B row."""
@@ -48,7 +45,7 @@ STRONG_BATCH = 1152
 def row_budget(row: McoreRow) -> dict[str, Any]:
     pred = api.predict(mcore_plan(row))
     b = pred.breakdown_s
-    published_s = pred.step_time_s * mcore_tflops(row, pred.step_time_s) / row.tflops
+    published_s = mcore_tflops(row, 1.0) / row.tflops  # Megatron-Core's FLOPs over the published TFLOP/s
     busy = b["compute"] + b["tp_comm"] + b["bubble"]
     return {
         "row": row.name,
@@ -66,12 +63,13 @@ def row_budget(row: McoreRow) -> dict[str, Any]:
 
 def strong_scaling() -> list[dict[str, Any]]:
     base = next(r for r in MCORE_H100 if r.name == "177B")
+    peak = api.load_cluster("dgx-h100-superpod").accelerator.peak_tflops["bf16"]  # the README's MFU divides by it
     out = []
     for dp, published in STRONG_SCALING:
         row = dataclasses.replace(base, dp=dp, batch=STRONG_BATCH)
         for virtual in (1, 2, 4, 8):
             pred = api.predict(mcore_plan(row, virtual))
-            mfu = mcore_tflops(row, pred.step_time_s) / H100_BF16_PEAK_TFLOPS
+            mfu = mcore_tflops(row, pred.step_time_s) / peak
             out.append({"gpus": row.tp * row.pp * dp, "dp": dp, "virtual": virtual, "published_mfu": published,
                         "predicted_mfu": mfu, "bubble_s": pred.breakdown_s["bubble"],
                         "dp_exposed_s": pred.breakdown_s["dp_comm_exposed"]})  # fmt: skip

@@ -93,13 +93,15 @@ class Trainer:
         self.reduce_dtype = REDUCE_DTYPES[plan.training.reduce_dtype] if self.mixed else torch.float32
         self.fsdp_mesh = topo.replica_mesh if lay.zero > 0 else None  # what FSDP2 shards the weights over
         if plan.model.is_moe:  # built on every rank in one order (new_group is collective), stages without MoE too
-            _ = (topo.ep_group, topo.sequence_group)
+            _ = (topo.ep_group, topo.sequence_share)
         self.stage_ids = stages_of_rank(plan, topo.coords.pp) if lay.pp > 1 else [0]
         self.parts = [self._build_part(s, compile) for s in self.stage_ids]
         self.params = list({id(p): p for m in self.parts for p in m.parameters()}.values())
         # with ep > 1 the routed experts differ between dp ranks: reduced over their own replicas, normed over ep
         experts = [p for m in self.parts for moe in m.moe_layers() for p in moe.experts.parameters()]
         self.spread = {id(p) for p in experts} if topo.expert_parallel else set()
+        sharded = lay.sequence_parallel and lay.tp > 1  # each tp rank's MoE sees only its sequence shard
+        self.tp_summed = [p for m in self.parts for moe in m.moe_layers() for p in moe.parameters()] if sharded else []
         self.optimizer = self._build_optimizer()
         self.clock = StageClock()
         self.schedule = self._build_schedule() if lay.pp > 1 else None
@@ -113,9 +115,7 @@ class Trainer:
         model = build_stage_model(plan.model, layers, stage == 0, last, plan.training.seed, self.device, experts)
         for moe in model.moe_layers():
             moe.group, moe.comm = topo.ep_group, topo.comm
-            moe.seq_group, moe.seq_positions = topo.sequence_group, topo.sequence_positions
-            moe.seq_axis = "cp" if lay.cp > 1 else "tp"
-            moe.seq_summed = lay.tp if lay.sequence_parallel else 1
+            moe.share = topo.sequence_share
             moe.aux_scale = 1.0 if lay.pp > 1 else 1.0 / plan.num_microbatches  # the schedule scales by itself
         set_recompute(model, lay.recompute)
         if lay.cp > 1:
@@ -264,9 +264,8 @@ class Trainer:
         comm.phase = "post"
         reduce_partial_gradients(self.params)
         lay = self.plan.layout
-        if lay.sequence_parallel and lay.tp > 1:  # each tp rank's MoE saw only its sequence shard: sum them
-            routed = [p for m in self.parts for moe in m.moe_layers() for p in moe.parameters()]
-            all_reduce_gradients(routed, self.topo.group("tp"), comm, 1, self.reduce_dtype, axis="tp")
+        if self.tp_summed:
+            all_reduce_gradients(self.tp_summed, self.topo.group("tp"), comm, 1, self.reduce_dtype, axis="tp")
         dense, experts = self.dense_and_experts()
         if (
             self.fsdp_mesh is not None and self.topo.expert_parallel

@@ -49,7 +49,7 @@ def all_reduce_gradients(
         return
     flat = torch.cat([g.reshape(-1) for g in grads]).to(dtype)
     if group is not None:
-        with comm.span(axis):  # dp even where the replica group is the cp group
+        with comm.span(axis):  # "dp" (the default) even where the replica group is the cp group
             dist.all_reduce(flat, group=group)
     flat /= over or dist.get_world_size(group)
     offset = 0

@@ -14,15 +14,16 @@ Routing is defined per sequence — the balance loss's load and score shares and
 does not depend on how the batch is split into replicas and microbatches: the sharded run and one process training
 the same batch route identically and compute the same loss. Where a sequence is spread over ranks — context
 parallelism, and under sequence parallelism the tp ranks, each of which routes its own shard (Megatron-Core's
-all-to-all dispatcher does the same) — those ranks (`seq_group`) sum their parts of each sequence's load and scores
-before the balance loss, and a capacity is counted in token order along the whole sequence: they swap their
-choices and the positions they hold (Topology.sequence_positions).
+all-to-all dispatcher does the same) — those ranks (`SequenceShare`) sum their parts of each sequence's load and
+scores before the balance loss, and a capacity is counted in token order along the whole sequence: they swap
+their choices and the positions they hold.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -87,6 +88,22 @@ def _sum_over(x: torch.Tensor, group: Any, comm: CommTimer, axis: str) -> torch.
     return x
 
 
+@dataclass(frozen=True)
+class SequenceShare:
+    """The ranks holding parts of the same sequences at an MoE layer (cp, and tp under sequence parallelism),
+    built by Topology.sequence_share."""
+
+    group: Any
+    """Their process group."""
+    axis: str
+    """The axis the step's timer books their exchanges under (cp, or tp where only tp splits the sequence)."""
+    summed: int
+    """How many of them have their gradients of this layer's weights summed rather than averaged (tp under
+    sequence parallelism: the Trainer sums the MoE weights' gradients over tp; cp's are averaged with dp's)."""
+    positions: Callable[[int], torch.Tensor]
+    """Positions along the whole sequence of the tokens this rank holds, given how many it holds per sequence."""
+
+
 class _AuxLoss(torch.autograd.Function):
     """Pass `out` through unchanged and send `scale` back into `aux` in backward: the balance loss joins the
     gradient at the layer that computes it, whichever pipeline stage that is, without travelling to the loss
@@ -118,18 +135,9 @@ class MoE(nn.Module):
         self.shared = FeedForward(spec.hidden, width * spec.shared_experts, glu) if spec.shared_experts else None
         self.group: Any = None
         """The expert-parallel process group (None: every expert is here)."""
-        self.seq_group: Any = None
-        """The ranks holding parts of the same sequences (cp, and tp under sequence parallelism; None: whole
-        sequences here): they share their routing statistics, so the balance loss and the capacity are the whole
-        sequence's."""
-        self.seq_axis = "cp"
-        """The axis the step's timer books `seq_group`'s exchanges under (cp, or tp where only tp splits)."""
-        self.seq_summed = 1
-        """Ranks of `seq_group` whose gradients of this layer's weights are summed, not averaged (tp under
-        sequence parallelism: Trainer sums the MoE weights' gradients over tp)."""
-        self.seq_positions: Callable[[int], torch.Tensor] | None = None
-        """Positions along the whole sequence of the tokens this rank holds, given how many it holds per sequence
-        (Topology.sequence_positions); set with `seq_group`."""
+        self.share: SequenceShare | None = None
+        """The ranks sharing this rank's sequences (None: whole sequences here): they pool their routing
+        statistics, so the balance loss and the capacity are the whole sequence's."""
         self.comm = CommTimer()
         self.aux_scale = 1.0
         """Gradient of the step's objective per unit of this microbatch's balance loss (1/microbatches unless
@@ -174,8 +182,8 @@ class MoE(nn.Module):
         if self.capacity_factor is None:
             return torch.ones_like(chosen, dtype=torch.bool)
         queue, mine = chosen.view(batch, seq, self.top_k), None
-        if self.seq_group is not None:
-            queue, mine = self._whole_sequence(queue)
+        if self.share is not None:
+            queue, mine = self._whole_sequence(queue, self.share)
         whole = queue.shape[1]
         capacity = math.ceil(self.capacity_factor * self.top_k * whole / self.n_experts)
         onehot = F.one_hot(queue.reshape(batch, whole * self.top_k), self.n_experts)
@@ -184,16 +192,15 @@ class MoE(nn.Module):
             position = position[:, mine]
         return (position < capacity).view_as(chosen)
 
-    def _whole_sequence(self, queue: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _whole_sequence(self, queue: torch.Tensor, share: SequenceShare) -> tuple[torch.Tensor, torch.Tensor]:
         """The choices [batch, seq, k] of every rank sharing the sequences, placed at their positions along the
         whole sequence, and the positions of this rank's own."""
-        assert self.seq_positions is not None
-        size, seq = dist.get_world_size(self.seq_group), queue.shape[1]
-        mine = self.seq_positions(seq).to(queue.device)
+        size, seq = dist.get_world_size(share.group), queue.shape[1]
+        mine = share.positions(seq).to(queue.device)
         parts, places = [torch.empty_like(queue) for _ in range(size)], [torch.empty_like(mine) for _ in range(size)]
-        with self.comm.span(self.seq_axis):
-            dist.all_gather(parts, queue.contiguous(), group=self.seq_group)
-            dist.all_gather(places, mine, group=self.seq_group)
+        with self.comm.span(share.axis):
+            dist.all_gather(parts, queue.contiguous(), group=share.group)
+            dist.all_gather(places, mine, group=share.group)
         whole = queue.new_empty((queue.shape[0], seq * size, self.top_k))
         for part, place in zip(parts, places, strict=True):
             whole[:, place] = part
@@ -203,13 +210,13 @@ class MoE(nn.Module):
         """α · Σ_e f_e · P_e per sequence, averaged: f_e = E/(k·T) · choices of e, P_e = mean normalised score."""
         load = F.one_hot(chosen, self.n_experts).sum(1).view(batch, seq, -1).sum(1).float()
         normalised = (scores / scores.sum(-1, keepdim=True)).view(batch, seq, -1)
-        if self.seq_group is None:
+        pooled = self.share
+        if pooled is None:
             prob = normalised.mean(1)
         else:  # this rank holds seq of the sequence's size·seq tokens: sum the parts, then average
-            _sum_over(load, self.seq_group, self.comm, self.seq_axis)
-            seq *= dist.get_world_size(self.seq_group)
-            parts = normalised.sum(1)
-            prob = _SequenceSum.apply(parts, self.seq_group, self.comm, self.seq_axis, self.seq_summed) / seq
+            _sum_over(load, pooled.group, self.comm, pooled.axis)
+            seq *= dist.get_world_size(pooled.group)
+            prob = _SequenceSum.apply(normalised.sum(1), pooled.group, self.comm, pooled.axis, pooled.summed) / seq
         share = load * self.n_experts / (self.top_k * seq)
         return self.aux_coef * (share * prob).sum(-1).mean()
 

@@ -39,7 +39,7 @@ from executor.commtime import CommTimer
 from executor.context_parallel import AllGatherAttention, local_positions
 from executor.mlp import FeedForward
 from executor.model import GPT
-from executor.moe import MoE
+from executor.moe import MoE, SequenceShare
 from plan.rank_grid import Coords, RankGrid
 from plan.schema import Plan
 
@@ -127,24 +127,26 @@ class Topology:
         return _own_group(rows, self.rank) if self.expert_parallel and rows.shape[1] > 1 else None
 
     @cached_property
-    def sequence_group(self) -> dist.ProcessGroup | None:
+    def sequence_share(self) -> SequenceShare | None:
         """The ranks holding parts of the same sequences at an MoE layer: cp, and tp under sequence parallelism
         (each tp rank then routes its own shard); None where every rank holds whole sequences. Built on every
         rank of an MoE plan (new_group is collective)."""
         lay = self.plan.layout
-        axes = [a for a, split in (("cp", lay.cp > 1), ("tp", lay.tp > 1 and lay.sequence_parallel)) if split]
+        sp = lay.tp > 1 and lay.sequence_parallel
+        axes = [a for a, split in (("cp", lay.cp > 1), ("tp", sp)) if split]
         if not self.plan.model.is_moe or not axes:
             return None
-        return _own_group(self.grid.groups(*axes), self.rank)
+        group = _own_group(self.grid.groups(*axes), self.rank)
+        return SequenceShare(group, axes[0], lay.tp if sp else 1, self.sequence_positions)
 
-    def sequence_positions(self, seq: int, device: torch.device | None = None) -> torch.Tensor:
+    def sequence_positions(self, seq: int) -> torch.Tensor:
         """Positions along the whole sequence of the `seq` tokens per sequence this rank holds at an MoE layer:
         its cp rank's load-balanced chunks (executor/context_parallel.py), then under sequence parallelism its tp
         rank's contiguous slice of them (DTensor's Shard(1))."""
         lay, c = self.plan.layout, self.coords
         tp = lay.tp if lay.sequence_parallel else 1
         held = seq * tp
-        cp_part = local_positions(held, c.cp, lay.cp, device) if lay.cp > 1 else torch.arange(held, device=device)
+        cp_part = local_positions(held, c.cp, lay.cp) if lay.cp > 1 else torch.arange(held)
         rank = c.tp if tp > 1 else 0
         return cp_part[rank * seq : (rank + 1) * seq]
 
@@ -211,14 +213,12 @@ def apply_tensor_parallel(model: GPT, tp_mesh: DeviceMesh, sequence_parallel: bo
             if block.feed_forward.w3 is not None:
                 plan["feed_forward.w3"] = ColwiseParallel()
         if sequence_parallel:
+            dense = isinstance(block.feed_forward, FeedForward)  # an MoE routes its own shard (SequenceShare)
             plan["attention"] = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
-            plan["feed_forward"] = (
-                PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
-                if isinstance(block.feed_forward, FeedForward)
-                else PrepareModuleInput(  # an MoE routes its own sequence shard (MoE.seq_group sums what spans it)
-                    input_layouts=(Shard(1),), desired_input_layouts=(Shard(1),), use_local_output=True
-                )
-            )
+            plan["feed_forward"] = PrepareModuleInput(
+                input_layouts=(Shard(1),), desired_input_layouts=(Replicate() if dense else Shard(1),),
+                use_local_output=not dense,
+            )  # fmt: skip
             plan["attention_norm"] = SequenceParallel()
             plan["ffn_norm"] = SequenceParallel()
         parallelize_module(block, tp_mesh, plan)  # type: ignore[arg-type]

@@ -205,7 +205,7 @@ def test_an_sp_split_moe_layer_routes_its_own_shard_and_gathers_the_routed_copie
 
 def test_the_executor_routes_its_own_sp_shard_to_whole_experts_and_gathers_nothing_over_tp() -> None:
     """The executor under sequence parallelism: each tp rank routes its own s/tp tokens (executor/moe.py
-    seq_group) to experts that run whole on it, so the all-to-all moves a tp-th of the tokens and the MoE layer
+    SequenceShare) to experts that run whole on it, so the all-to-all moves a tp-th of the tokens and the MoE layer
     has no tensor-parallel collective; the attention block keeps its gather and its scatter."""
     base = ["cluster=localhost-cpu", "layout.tp=2", "layout.pp=1", "layout.dp=2", "layout.ep=2"]
     whole, shard = (loader.load("cpu-tiny-moe", [*base, f"layout.sequence_parallel={sp}"]) for sp in ("false", "true"))

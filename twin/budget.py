@@ -16,10 +16,11 @@ from plan.cluster import Cluster
 from plan.limits import Limits, over
 from plan.schema import Plan
 from twin.step import schedules
+from twin.step.host import shares_cores
 from twin.step.steady import sample_counts
 
 
-def step_actions(plan: Plan) -> int:
+def step_actions(plan: Plan, cluster: Cluster | None = None) -> int:
     """Pipeline actions of one simulated step: pp · virtual_stages stages × microbatches × passes (F and B, and W
     where the schedule splits the weight gradients off); a long step of GPipe or 1F1B (interleaved or not)
     simulates three short ones instead (twin/step/steady.py; longer ones on a CPU host), which count. A
@@ -27,7 +28,7 @@ def step_actions(plan: Plan) -> int:
     foretells."""
     lay = plan.layout
     passes = 3 if schedules.splits_weight_grad(lay.schedule) else 2
-    host = loader.plan_cluster(plan).accelerator.kind == "cpu"
+    host = shares_cores(cluster or loader.plan_cluster(plan))
     counts = sample_counts(lay.schedule, lay.pp, plan.num_microbatches, host=host)
     return lay.num_stages * (sum(counts) if counts else plan.num_microbatches) * passes
 
@@ -35,7 +36,7 @@ def step_actions(plan: Plan) -> int:
 def run_step_actions(plan: Plan, cluster: Cluster) -> int:
     """Pipeline actions a whole-run prediction simulates: the step, the step with a relocated node where the
     cluster has nodes outside the job, and the step at twice the batch for an elastic run."""
-    actions = step_actions(plan)
+    actions = step_actions(plan, cluster)
     job_nodes = -(-plan.layout.world_size // cluster.node.gpus) + plan.reliability.hot_spares
     relocated = actions if job_nodes < cluster.nodes else 0
     doubled = 2 * actions if plan.reliability.elastic else 0

@@ -31,11 +31,10 @@ def tp_comm(ctx: StepContext, cost: PassCost, moe: bool = False) -> tuple[float,
     """Exposed (forward, backward) seconds of one layer's tensor-parallel collectives for one microbatch. An MoE
     layer whose stack runs the MLP whole on every tp rank (Stack.moe_tensor_parallel false, the executor: on the
     whole sequence, or under sequence parallelism on the rank's own shard) has the attention block's collectives
-    only. One whose experts are split
-    under sequence parallelism routes its own shard of tokens: the dispatcher all-gathers the top_k copies it
-    receives over tp before the experts and reduce-scatters them after (Megatron-Core core_v0.10.0
-    moe/token_dispatcher.py, MoEAlltoAllTokenDispatcher), plain collectives no GEMM hides; the attention block's
-    (and a shared expert's) collectives overlap the attention GEMMs only."""
+    only. One whose experts are split under sequence parallelism routes its own shard of tokens: the dispatcher
+    all-gathers the top_k copies it receives over tp before the experts and reduce-scatters them after
+    (Megatron-Core core_v0.10.0 moe/token_dispatcher.py, MoEAlltoAllTokenDispatcher), plain collectives no GEMM
+    hides; the attention block's (and a shared expert's) collectives overlap the attention GEMMs only."""
     m, lay, stack = ctx.plan.model, ctx.plan.layout, ctx.stack
     tokens = lay.microbatch_size * m.seq_len // lay.cp
     stream = tokens * m.hidden * ctx.comm_bytes

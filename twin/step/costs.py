@@ -8,7 +8,7 @@ from __future__ import annotations
 from twin.step import schedules
 from twin.step.comm_costs import edge_tp, layer_comm, zero3_layer_exposed
 from twin.step.context import StepContext, shape_of
-from twin.step.host import HostSharing
+from twin.step.host import HostSharing, shares_cores
 from twin.step.kernels import PassCost, embedding_cost, head_cost, layer_cost
 from twin.step.memory import stage_layer_ranges, stage_params
 from twin.step.pipeline_data import ActionCost
@@ -100,7 +100,7 @@ def host_sharing(ctx: StepContext) -> HostSharing | None:
     """On a CPU cluster: the node's cores, and how many of a node's ranks each simulated pipeline rank stands for
     (the ranks of node 0 by the rank grid: its pipeline ranks share its cores)."""
     cluster, lay = ctx.cluster, ctx.plan.layout
-    if cluster.accelerator.kind != "cpu":
+    if not shares_cores(cluster):
         return None
     per_node = min(lay.world_size, cluster.node.gpus)
     stages_on_node = len({ctx.grid.coords(r).pp for r in range(per_node)})

@@ -34,7 +34,15 @@ from typing import Any
 
 import simpy
 
+from plan.cluster import Cluster
+
 _EPS_S = 1e-12  # work left below this is done (seconds; float round-off of remaining / rate)
+
+
+def shares_cores(cluster: Cluster) -> bool:
+    """Whether a cluster's ranks share host cores (a `cpu` accelerator is a rank slot on a host's cores): the
+    pipeline simulation then shares them among the busy ranks."""
+    return cluster.accelerator.kind == "cpu"
 
 
 @dataclass(frozen=True)

@@ -69,8 +69,10 @@ def sample_counts(schedule: str, pp: int, m: int, host: bool = False) -> tuple[i
     from two depths (see the module's docstring)."""
     if schedule not in EXTENDED:
         return None
-    p = max(period(schedule, pp), pp) if host else period(schedule, pp)
-    depth = 2 * pp if host or schedule == "interleaved-1f1b" else pp
+    if host:
+        p, depth = max(period(schedule, pp), pp), 2 * pp
+    else:
+        p, depth = period(schedule, pp), (2 * pp if schedule == "interleaved-1f1b" else pp)
     first = depth + (m - depth) % p
     counts = (first, first + p, first + 2 * p)
     return counts if sum(counts) < m else None
