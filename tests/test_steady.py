@@ -115,6 +115,7 @@ def test_a_cpu_host_step_extends_from_two_depths_with_the_same_step_figures() ->
     _same(extended, api.predict(gpu, EVERY))
 
 
+@pytest.mark.slow  # its full simulation of 65,536 actions takes 3-6 s; the shallow and deep cases above run by default
 def test_a_deep_pipeline_is_extended_from_three_short_steps() -> None:
     """Narayanan et al.'s 1T row as its script ran it (pp 64, 512 microbatches per replica, 1F1B): steps of 64, 65
     and 66 microbatches give every figure of the full simulation."""
