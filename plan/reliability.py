@@ -75,8 +75,13 @@ class Reliability(UserSection):
     elastic: bool = False
     """When no replacement node is left, shrink data parallelism and go on, instead of waiting for repairs."""
     fence_after: PositiveInt = 3
-    """A node's own failures after which it is fenced off for good instead of returning after repair (count, per
-    8-accelerator server's worth of the node: an NVL72 rack takes 9 times as many)."""
+    """A node's own failures after which it is fenced off instead of returning after repair (count, per
+    8-accelerator server's worth of the node: an NVL72 rack takes 9 times as many); new hardware takes its place
+    after `rma_days`."""
+    rma_days: PositiveFloat | None = 20.0
+    """Days until new hardware replaces a fenced node (the vendor's RMA: "next business day" with advance
+    replacement, 3-14 business days without, then a 2-4 h swap; amcompute.com, "When a GPU Dies in Production",
+    2026; the slow end, as calendar days); null: never, the cluster shrinks for good."""
     failure_rates: dict[str, float] | None = None
     """Overrides of the cluster's failure rates: component -> failures per node-day."""
     checkpoint_every_steps: NonNegativeInt = 0

@@ -178,9 +178,29 @@ def test_the_simulation_stops_past_its_own_limits() -> None:
 
 
 def test_a_job_that_can_never_gather_its_nodes_again_stops() -> None:
-    plan = loader.load("deepseek-v3-2k", ["cluster.nodes=256", "reliability.hot_spares=0"])
-    with pytest.raises(PlanError, match=r"cannot finish.*fenced"):
+    """Fenced nodes never replaced (rma_days null) strand a job that fills its cluster; with the vendor's
+    replacement (the default) the same run fences nodes, waits for their replacements and finishes."""
+    over = ["cluster.nodes=256", "reliability.hot_spares=0"]
+    plan = loader.load("deepseek-v3-2k", [*over, "reliability.rma_days=null"])
+    with pytest.raises(PlanError, match=r"cannot finish.*fenced off for good.*set reliability.rma_days"):
         summary.simulate_run(summary.setup(plan), 0)
+    sim = RunSim(summary.setup(loader.load("deepseek-v3-2k", over)), 0)
+    sim.run()
+    assert sim.fenced > 0 and sim.done
+
+
+def test_a_shrunk_elastic_job_fails_only_on_the_nodes_it_still_runs() -> None:
+    """The failure rates are the whole job's: once an elastic shrink leaves out three quarters of its replicas,
+    only failures striking the quarter it still runs interrupt it (Poisson thinning)."""
+    plan = loader.load("reference-100k", ["reliability.elastic=true"])
+    sim = RunSim(summary.setup(plan), 0)
+    sim.dp = plan.layout.dp // 4
+    struck: list[str] = []
+    sim.strike = lambda hit: struck.append(hit.cause)  # type: ignore[method-assign]
+    sim.env.process(sim.failures("probe", 1.0))  # a cause of its own beside the job's, drawn once a second
+    sim.env.run(until=4000.0)
+    assert struck.count("probe") == sim.t.causes["probe"]
+    assert struck.count("probe") / 4000 == pytest.approx(1 / 4, abs=0.03)
 
 
 def test_seeds_are_checked_before_any_run() -> None:

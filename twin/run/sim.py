@@ -283,6 +283,8 @@ class RunSim:
             yield self.env.timeout(self.gap(rate))
             if self.done:
                 return
+            if self.dp < self.s.plan.layout.dp and self.rng.random() * self.s.plan.layout.dp >= self.dp:
+                continue  # it struck a node an elastic shrink has left out of the job (`rate` is the whole job's)
             self.t.causes[cause] += 1
             self.count_interruption()
             if cause == "planned":
@@ -320,8 +322,9 @@ class RunSim:
             self.strike(Hit("sdc", 1, True, corrupted_at))
 
     def repair(self, node: int | None) -> Generator[Any, Any, None]:
-        """A failed node (or, for None, a node cut off by a switch) returns to the pool after the repair time,
-        unless its own repeated failures get it fenced off for good."""
+        """A failed node (or, for None, a node cut off by a switch) returns to the pool after the repair time;
+        one fenced off for its repeated failures is replaced by new hardware after `rma_days` (never if null)."""
+        out_s = self.s.cluster.failures.repair_hours * 3600
         if node is not None:
             self.node_failures[node] += 1
             # a node of many servers' worth (an NVL72 rack, a Trn2 UltraServer) fails that many times as often, one
@@ -331,9 +334,11 @@ class RunSim:
                 self.fenced += 1
                 self.node_failures[node] = 0  # its place in the job is taken by another node, with no failures
                 self.log("fenced", node=node)
-                return
+                if self.policy.rma_days is None:
+                    return
+                out_s = self.policy.rma_days * 86400  # new hardware in its place, from the vendor
         self.repairing += 1
-        yield self.env.timeout(self.s.cluster.failures.repair_hours * 3600)
+        yield self.env.timeout(out_s)
         self.repairing -= 1
         if node is None:  # cut off by a switch: it returns to its place in the job's pool
             self.local += 1
@@ -386,12 +391,15 @@ class RunSim:
     def stranded(self) -> PlanError:
         """The job lacks nodes that no repair will return: it can never run again."""
         plan, nodes = self.s.plan, self.s.cluster.nodes
+        fixes = ["set reliability.rma_days (fenced nodes replaced)", "add reliability.hot_spares with cluster nodes "
+                 "for them (cluster.nodes)", "raise reliability.fence_after"]  # fmt: skip
+        if not (self.policy.elastic and plan.layout.dp > 1):
+            fixes.append("set reliability.elastic")
         return PlanError(
-            f"{plan.name}: the run cannot finish: by day {self.env.now / 86400:,.4g} {self.fenced} node(s) were "
-            f"fenced off after {self.policy.fence_after} failures each, and the job's {self.s.job_nodes} nodes no "
-            f"longer fit in the {nodes - self.fenced} healthy nodes left of the cluster's {nodes}; add "
-            f"reliability.hot_spares with cluster nodes for them (cluster.nodes), raise reliability.fence_after, "
-            f"or set reliability.elastic"
+            f"{plan.name}: the run cannot finish: by day {self.env.now / 86400:,.4g} {self.fenced:,} node(s) were "
+            f"fenced off for good after {self.policy.fence_after} failures each, and the job (at "
+            f"{self.dp * self.s.replica_nodes:,} of its {self.s.job_nodes:,} nodes) lacks {self.missing:,} that "
+            f"no repair will return, of the cluster's {nodes:,}; {', '.join(fixes[:-1])} or {fixes[-1]}"
         )
 
     def run(self) -> Tally:
