@@ -118,3 +118,32 @@ def test_show_takes_a_fleets_name_and_its_what_ifs() -> None:
     assert cluster["nodes"] == 4608 and cluster["stack"] == "maxtext-xla"  # two pods of 9,216 chips
     bad = CliRunner().invoke(app, ["show", "tpu-v7-ironwood", "--set", "nodes=4000"])
     assert bad.exit_code == 2 and "pod of 9216 chips" in bad.output
+
+
+def test_a_fleet_too_large_to_finish_the_run_is_answered_with_the_share_that_finishes_fastest() -> None:
+    """Failures that outpace recovery on two nodes (one every 3 minutes against a restart of 10) but not on one:
+    the comparison answers with the one node's run and says why, instead of only refusing the fleet."""
+    rates = ["reliability.failure_rates={gpu: 240}", "training.tokens=2e9"]  # per node-day: each node every 6 min
+    search = {**SEARCH, "batch_tokens": 2**19}
+    row = api.compare_fleets(MODEL, ["dgx-h100-superpod"], rates, **search).loc[0]
+    full = api.search(MODEL, "dgx-h100-superpod", [*rates, "reliability.elastic=true"], gpus=16,
+                      batch_tokens=2**19, fix=SEARCH["fixes"], workers=1, top=1).top[0]  # fmt: skip
+    assert full.shape.gpus == 16
+    with pytest.raises(loader.PlanError, match="failures outpace progress"):
+        api.simulate_runs(full.plan, 1)
+    assert row["reason"] == "" and row["gpus"] == 8 and row["fleet_gpus"] > 16
+    assert "16-GPU best layout's whole run cannot finish (failures outpace progress" in row["note"]
+    assert "takes 8 of the fleet's GPUs" in row["note"]
+    assert row["wall_days"] >= row["ideal_days"] and 0 < row["goodput"] < 1
+
+
+def test_the_goodput_ranking_puts_runs_that_cannot_finish_last_instead_of_failing() -> None:
+    rates = ["reliability.failure_rates={gpu: 240}", "training.tokens=2e9", "reliability.elastic=true"]
+    fixes = [*SEARCH["fixes"], "layout.tp=1", "layout.pp=1", "layout.recompute=none"]  # DP8 or DP16
+    result = api.search(MODEL, "dgx-h100-superpod", rates, gpus=(8, 16), batch_tokens=2**19, fix=fixes, workers=1,
+                        top=2, objective="goodput-time", seeds=1)  # fmt: skip
+    first, second = result.top
+    # the 16-GPU layout steps faster but cannot finish its run; the 8-GPU one can, and is ranked first
+    assert second.shape.gpus == 16 and second.run_wall_days == float("inf")
+    assert first.shape.gpus == 8 and first.run_wall_days < float("inf")
+    assert first.outcome.days_to_train > second.outcome.days_to_train

@@ -87,6 +87,8 @@ def show(
     console.print(_table(source, frame))
     for rec in frame[frame.reason != ""].to_dict(orient="records"):
         console.print(styled((f"{rec['cluster']} cannot run: ", "bold red"), rec["reason"]))
+    for rec in frame[frame.note != ""].to_dict(orient="records"):
+        console.print(styled((f"{rec['cluster']}: ", "bold yellow"), rec["note"]))
 
 
 def _table(source: str, frame: pd.DataFrame) -> Table:

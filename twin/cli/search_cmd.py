@@ -124,7 +124,8 @@ def _table(title: str, cands: list[Candidate]) -> Table:
                  f"{o.step_time_s:.3f}", f"{o.mfu:.1%}", f"{c.headroom_GiB:.1f}", f"{o.days_to_train:.1f}",
                  f"{c.cost_usd / 1e6:.2f}"]  # fmt: skip
         if any(x.run_wall_days for x in cands):
-            cells.append(f"{c.run_wall_days:.1f}" if c.run_wall_days else "")
+            wall = c.run_wall_days
+            cells.append("" if not wall else f"{wall:.1f}" if wall < float("inf") else "cannot finish")
         table.add_row(*cells)
     return table
 

@@ -246,6 +246,7 @@ def fleet_table(frame: pd.DataFrame) -> pd.DataFrame:
             "cost_usd": "cost ($M)",
             "energy_mwh": "energy (MWh)",
             "reason": "why it cannot run",
+            "note": "note",
         }
     )
     shown["cost ($M)"] = shown["cost ($M)"] / 1e6  # as the search's table prints cost

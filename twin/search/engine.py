@@ -12,6 +12,7 @@ processes, a batch at a time.
 from __future__ import annotations
 
 import heapq
+import math
 import os
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import FIRST_COMPLETED, Executor, Future, ProcessPoolExecutor, wait
@@ -19,6 +20,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from plan import loader
+from plan.errors import PlanError
 from plan.limits import DEFAULT_LIMITS
 from plan.model_math import model_flops_per_token
 from plan.schema import Plan
@@ -245,10 +247,12 @@ def _by_goodput(top: list[Candidate], seeds: int) -> list[Candidate]:
     out = []
     for cand in top:
         limits = run_limits(cand.plan, loader.plan_cluster(cand.plan), DEFAULT_LIMITS)
-        runs = api.simulate_runs(cand.plan, seeds, limits=limits)
-        wall = runs.stats["wall_days"]["mean"]
+        try:
+            wall = api.simulate_runs(cand.plan, seeds, limits=limits).stats["wall_days"]["mean"]
+        except PlanError:  # its whole run cannot finish (failures outpace recovery): ranked after every one that can
+            wall = math.inf
         out.append(replace(cand, run_wall_days=wall, objective=wall))
-    return sorted(out, key=lambda c: c.objective)
+    return sorted(out, key=lambda c: c.objective)  # stable: equal ones (those that cannot finish) by step time
 
 
 def _given(

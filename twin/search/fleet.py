@@ -23,7 +23,7 @@ from twin.search.engine import Tally
 
 FLEET_COLUMNS = (
     "cluster", "accelerator", "fleet_gpus", "gpus", "layout", "stack", "batch_tokens", "step_time_s", "mfu",
-    "memory_peak_GiB", "ideal_days", "wall_days", "goodput", "cost_usd", "energy_mwh", "reason",
+    "memory_peak_GiB", "ideal_days", "wall_days", "goodput", "cost_usd", "energy_mwh", "reason", "note",
 )  # fmt: skip
 """A fleet row's columns, in the order tables print them."""
 
@@ -45,8 +45,9 @@ def compare(
     """A row per fleet in `clusters`: the best layout of `source` (a model preset or a plan) on it by `objective`,
     and that layout's whole run over `seeds` seeds (mean wall days, goodput, cost, energy). A fleet where nothing
     fits gets a row with the reason; one whose best layout's whole run cannot finish keeps its step figures and
-    says why its run does not. `progress(cluster, tally)` follows each search. The best plans themselves are
-    in the frame's `attrs["plans"]`, by fleet."""
+    says why its run does not — unless fewer of its GPUs can finish it: then the row is the fastest whole run on
+    fewer (halving the count while the run's wall days shrink), with a `note` saying so. `progress(cluster,
+    tally)` follows each search. The best plans themselves are in the frame's `attrs["plans"]`, by fleet."""
     if not clusters:
         raise PlanError("fleet: name at least one cluster to compare (twin presets lists them)")
     overrides = _with_policy(source, list(overrides))
@@ -66,7 +67,7 @@ def compare(
         except PlanError as exc:
             row["reason"] = str(exc)
         rows.append(row)
-    frame = pd.DataFrame(rows, columns=list(FLEET_COLUMNS)).fillna({"reason": ""})
+    frame = pd.DataFrame(rows, columns=list(FLEET_COLUMNS)).fillna({"reason": "", "note": ""})
     frame.attrs["plans"] = {name: plan for name, plan in plans.items() if plan is not None}  # run or not
     return frame
 
@@ -80,6 +81,10 @@ def _with_policy(source: str | Mapping[str, Any], overrides: list[str]) -> list[
     if model and not any(o.startswith("reliability.elastic") for o in overrides):
         return [*overrides, "reliability.elastic=true"]
     return overrides
+
+
+SMALLEST_SHARE = 64
+"""A fleet whose whole run cannot finish is tried on halves of it down to this fraction of its GPUs."""
 
 
 def _best_run(
@@ -96,10 +101,53 @@ def _best_run(
     progress: Callable[[Tally], None] | None,
     limits: Limits,
 ) -> tuple[dict[str, Any], Plan | None]:
-    """The best layout on fleet `name` (the whole fleet unless `gpus` says otherwise), its whole run, and its plan."""
+    """The best layout on fleet `name` (the whole fleet unless `gpus` says otherwise), its whole run, and its plan.
+    Where that run cannot finish (failures outpace recovery at that scale), the same search on half as many GPUs,
+    and on halves of that while the whole run gets shorter: a planner's answer is then how much of the fleet one
+    synchronous job should take, not that the fleet cannot train the model."""
+    args = (overrides, batch_tokens, objective, fixes, seeds, workers, progress, limits)
+    if isinstance(gpus, tuple):  # a range of counts the user explores: its best, as it comes
+        return _run_at(source, name, gpus, *args)
+    most = int(min(gpus, fleet_gpus)) if gpus else fleet_gpus
+    row, plan = _run_at(source, name, most, *args)
+    if plan is None or not row["reason"]:
+        return row, plan
+    best: tuple[dict[str, Any], Plan] | None = None
+    fewer = min(row["gpus"], most) // 2
+    while fewer >= max(1, most // SMALLEST_SHARE):
+        smaller, smaller_plan = _run_at(source, name, fewer, *args)
+        if smaller_plan is None or (smaller["reason"] and best is not None):
+            break
+        if not smaller["reason"]:
+            if best is not None and smaller["wall_days"] >= best[0]["wall_days"]:
+                break
+            best = smaller, smaller_plan
+        fewer = smaller["gpus"] // 2
+    if best is None:
+        return row, plan
+    cause = row["reason"].removeprefix("whole run: ").split(": ", 1)[-1].split(";")[0]
+    note = (f"the {row['gpus']:,}-GPU best layout's whole run cannot finish ({cause}); the fastest whole run "
+            f"takes {best[0]['gpus']:,} of the fleet's GPUs")  # fmt: skip
+    return {**best[0], "note": note}, best[1]
+
+
+def _run_at(
+    source: str | Mapping[str, Any],
+    name: str,
+    most: front.Range,
+    overrides: list[str],
+    batch_tokens: front.Range | None,
+    objective: str,
+    fixes: Iterable[str],
+    seeds: int,
+    workers: int | None,
+    progress: Callable[[Tally], None] | None,
+    limits: Limits,
+) -> tuple[dict[str, Any], Plan | None]:
+    """The best layout on at most `most` of fleet `name`'s GPUs (or a range of counts), its whole run (or why it
+    cannot finish), and its plan."""
     from twin import api
 
-    most = min(gpus, fleet_gpus) if isinstance(gpus, int | float) else gpus or fleet_gpus
     result, _ = front.run(
         source, name, overrides, gpus=most, batch_tokens=batch_tokens, objective=objective, top=1, fixes=fixes,
         workers=workers, progress=progress, seeds=1, limits=limits,
