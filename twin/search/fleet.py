@@ -67,7 +67,9 @@ def compare(
         except PlanError as exc:
             row["reason"] = str(exc)
         rows.append(row)
-    frame = pd.DataFrame(rows, columns=list(FLEET_COLUMNS)).fillna({"reason": "", "note": ""})
+    frame = pd.DataFrame(rows, columns=list(FLEET_COLUMNS))
+    for text in ("reason", "note"):  # empty where none (a column no row fills would otherwise be float NaN)
+        frame[text] = frame[text].astype(object).fillna("")
     frame.attrs["plans"] = {name: plan for name, plan in plans.items() if plan is not None}  # run or not
     return frame
 
