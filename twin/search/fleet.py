@@ -9,6 +9,7 @@ A fleet is compared at its own best layout, not at one layout carried over: a 9,
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import pandas as pd
@@ -60,9 +61,9 @@ def compare(
             rows.append({"cluster": name, "reason": str(exc)})
             continue
         row: dict[str, Any] = {"cluster": name, "accelerator": cluster.accelerator.name, "fleet_gpus": cluster.gpus}
+        ask = _Ask(source, name, overrides, batch_tokens, objective, tuple(fixes), seeds, workers, report, limits)
         try:
-            found, plans[name] = _best_run(source, name, cluster.gpus, overrides, gpus, batch_tokens, objective,
-                                           fixes, seeds, workers, report, limits)  # fmt: skip
+            found, plans[name] = _best_run(ask, cluster.gpus, gpus)
             row |= found
         except PlanError as exc:
             row["reason"] = str(exc)
@@ -89,35 +90,37 @@ SMALLEST_SHARE = 64
 """A fleet whose whole run cannot finish is tried on halves of it down to this fraction of its GPUs."""
 
 
-def _best_run(
-    source: str | Mapping[str, Any],
-    name: str,
-    fleet_gpus: int,
-    overrides: list[str],
-    gpus: front.Range | None,
-    batch_tokens: front.Range | None,
-    objective: str,
-    fixes: Iterable[str],
-    seeds: int,
-    workers: int | None,
-    progress: Callable[[Tally], None] | None,
-    limits: Limits,
-) -> tuple[dict[str, Any], Plan | None]:
+@dataclass(frozen=True)
+class _Ask:
+    """One fleet's search as the comparison asks it: everything but how many GPUs it may take."""
+
+    source: str | Mapping[str, Any]
+    name: str
+    overrides: list[str]
+    batch_tokens: front.Range | None
+    objective: str
+    fixes: tuple[str, ...]
+    seeds: int
+    workers: int | None
+    progress: Callable[[Tally], None] | None
+    limits: Limits
+
+
+def _best_run(ask: _Ask, fleet_gpus: int, gpus: front.Range | None) -> tuple[dict[str, Any], Plan | None]:
     """The best layout on fleet `name` (the whole fleet unless `gpus` says otherwise), its whole run, and its plan.
     Where that run cannot finish (failures outpace recovery at that scale), the same search on half as many GPUs,
     and on halves of that while the whole run gets shorter: a planner's answer is then how much of the fleet one
     synchronous job should take, not that the fleet cannot train the model."""
-    args = (overrides, batch_tokens, objective, fixes, seeds, workers, progress, limits)
     if isinstance(gpus, tuple):  # a range of counts the user explores: its best, as it comes
-        return _run_at(source, name, gpus, *args)
+        return _run_at(ask, gpus)
     most = int(min(gpus, fleet_gpus)) if gpus else fleet_gpus
-    row, plan = _run_at(source, name, most, *args)
+    row, plan = _run_at(ask, most)
     if plan is None or not row["reason"]:
         return row, plan
     best: tuple[dict[str, Any], Plan] | None = None
     fewer = min(row["gpus"], most) // 2
     while fewer >= max(1, most // SMALLEST_SHARE):
-        smaller, smaller_plan = _run_at(source, name, fewer, *args)
+        smaller, smaller_plan = _run_at(ask, fewer)
         if smaller_plan is None or (smaller["reason"] and best is not None):
             break
         if not smaller["reason"]:
@@ -133,30 +136,18 @@ def _best_run(
     return {**best[0], "note": note}, best[1]
 
 
-def _run_at(
-    source: str | Mapping[str, Any],
-    name: str,
-    most: front.Range,
-    overrides: list[str],
-    batch_tokens: front.Range | None,
-    objective: str,
-    fixes: Iterable[str],
-    seeds: int,
-    workers: int | None,
-    progress: Callable[[Tally], None] | None,
-    limits: Limits,
-) -> tuple[dict[str, Any], Plan | None]:
+def _run_at(ask: _Ask, most: front.Range) -> tuple[dict[str, Any], Plan | None]:
     """The best layout on at most `most` of fleet `name`'s GPUs (or a range of counts), its whole run (or why it
     cannot finish), and its plan."""
     from twin import api
 
     result, _ = front.run(
-        source, name, overrides, gpus=most, batch_tokens=batch_tokens, objective=objective, top=1, fixes=fixes,
-        workers=workers, progress=progress, seeds=1, limits=limits,
+        ask.source, ask.name, ask.overrides, gpus=most, batch_tokens=ask.batch_tokens, objective=ask.objective, top=1,
+        fixes=ask.fixes, workers=ask.workers, progress=ask.progress, seeds=1, limits=ask.limits,
     )  # fmt: skip
     if not result.top:
         t = result.tally
-        return {"reason": f"no layout fits {name}: {t.shapes:,} seen, {t.over_memory:,} over memory, "
+        return {"reason": f"no layout fits {ask.name}: {t.shapes:,} seen, {t.over_memory:,} over memory, "
                           f"{t.invalid:,} invalid"}, None  # fmt: skip
     best = result.top[0]
     o = best.outcome
@@ -166,7 +157,8 @@ def _run_at(
         "memory_peak_GiB": o.memory_peak_GiB, "ideal_days": o.days_to_train, "reason": "",
     }  # fmt: skip
     try:
-        runs = api.simulate_runs(best.plan, seeds, limits=run_limits(best.plan, loader.plan_cluster(best.plan), limits))
+        limits = run_limits(best.plan, loader.plan_cluster(best.plan), ask.limits)
+        runs = api.simulate_runs(best.plan, ask.seeds, limits=limits)
     except PlanError as exc:  # the step stands; the run cannot finish (failures outpace recovery, say)
         return {**row, "reason": f"whole run: {exc}"}, best.plan
     return {
