@@ -322,8 +322,7 @@ class RunSim:
             self.strike(Hit("sdc", 1, True, corrupted_at))
 
     def repair(self, node: int | None) -> Generator[Any, Any, None]:
-        """A failed node (or, for None, a node cut off by a switch) returns to the pool after the repair time;
-        one fenced off for its repeated failures is replaced by new hardware after `rma_days` (never if null)."""
+        """A failed node (None: one a switch cut off) is back after the repair; a fenced one's new one after rma_days"""
         out_s = self.s.cluster.failures.repair_hours * 3600
         if node is not None:
             self.node_failures[node] += 1
@@ -378,28 +377,21 @@ class RunSim:
             raise self.past_limit("interruptions", drawn, "run_interruptions")
 
     def past_limit(self, what: str, count: int, limit: str) -> PlanError:
-        plan = self.s.plan
-        return over(
-            f"{plan.name}: the run drew {what} by day {self.env.now / 86400:,.4g} of its simulated wall time at "
-            f"{self.current_progress() / max(self.s.useful_s, 1e-300):.1%} of its training",
-            count,
-            limit,
-            self.limits,
-            "lower training.tokens or the failure rates",
-        )
+        done = self.current_progress() / max(self.s.useful_s, 1e-300)
+        at = f"by day {self.env.now / 86400:,.4g} of its simulated wall time at {done:.1%} of its training"
+        fix = "lower training.tokens or the failure rates"
+        return over(f"{self.s.plan.name}: the run drew {what} {at}", count, limit, self.limits, fix)
 
     def stranded(self) -> PlanError:
         """The job lacks nodes that no repair will return: it can never run again."""
-        plan, nodes = self.s.plan, self.s.cluster.nodes
-        fixes = ["set reliability.rma_days (fenced nodes replaced)", "add reliability.hot_spares with cluster nodes "
-                 "for them (cluster.nodes)", "raise reliability.fence_after"]  # fmt: skip
-        if not (self.policy.elastic and plan.layout.dp > 1):
-            fixes.append("set reliability.elastic")
+        plan, elastic = self.s.plan, self.policy.elastic and self.s.plan.layout.dp > 1
         return PlanError(
             f"{plan.name}: the run cannot finish: by day {self.env.now / 86400:,.4g} {self.fenced:,} node(s) were "
             f"fenced off for good after {self.policy.fence_after} failures each, and the job (at "
-            f"{self.dp * self.s.replica_nodes:,} of its {self.s.job_nodes:,} nodes) lacks {self.missing:,} that "
-            f"no repair will return, of the cluster's {nodes:,}; {', '.join(fixes[:-1])} or {fixes[-1]}"
+            f"{self.dp * self.s.replica_nodes:,} of its {self.s.job_nodes:,} nodes) lacks {self.missing:,} that no "
+            f"repair will return, of the cluster's {self.s.cluster.nodes:,}; set reliability.rma_days (fenced nodes "
+            f"replaced), add reliability.hot_spares with cluster nodes for them (cluster.nodes), "
+            f"{'' if elastic else 'set reliability.elastic, '}or raise reliability.fence_after"
         )
 
     def run(self) -> Tally:
