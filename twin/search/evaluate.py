@@ -240,8 +240,7 @@ def _rank_layers(plan: Plan) -> list[RankLayers]:
     lay, m = plan.layout, plan.model
     ranges = stage_layer_ranges(plan)
     out = []
-    for rank in range(lay.pp):
-        stages = [s for s in range(lay.num_stages) if schedules.stage_rank(lay.schedule, lay.pp, s) == rank]
+    for stages in schedules.rank_stages(lay.schedule, lay.pp, lay.num_stages):
         mine = [i for s in stages for i in ranges[s]]
         before = [i for s in range(min(stages)) for i in ranges[s]]
         moe_mine = sum(m.is_moe and i >= m.dense_layers for i in mine)

@@ -142,8 +142,7 @@ def optimizer_s(ctx: StepContext) -> dict[int, float]:
     lay, eff = ctx.plan.layout, ctx.cluster.compute
     sharded_s = eff.sharded_kernel_overhead_us * 1e-6
     out = {}
-    for rank in range(lay.pp):
-        stages = [s for s in range(lay.num_stages) if schedules.stage_rank(lay.schedule, lay.pp, s) == rank]
+    for rank, stages in enumerate(schedules.rank_stages(lay.schedule, lay.pp, lay.num_stages)):
         params = [stage_params(ctx.plan, s) for s in stages]
         if lay.zero >= 1:
             local = sum(p.dense / lay.dp + p.expert / (lay.dp // lay.ep) for p in params)

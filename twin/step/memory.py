@@ -15,6 +15,7 @@ residual tensors; full recompute keeps only each layer's input.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from plan import loader
@@ -24,7 +25,7 @@ from plan.schema import Plan
 from plan.stack import Stack
 from twin.step.compute import ACT_BYTES, act_bytes
 from twin.step.kernels import Shape, expert_split, tensor_sizes
-from twin.step.schedules import stage_rank
+from twin.step.schedules import rank_stages
 
 GiB = 2**30
 RESERVED_BYTES = 1.0 * GiB
@@ -149,7 +150,7 @@ def activation_bytes(plan: Plan, stack: Stack, moe: bool) -> tuple[float, float]
     return kept * shape.tokens * per_element, share
 
 
-def rank_state_bytes(plan: Plan, stages: list[int], grad_bytes: int = 2) -> tuple[float, float, float]:
+def rank_state_bytes(plan: Plan, stages: Sequence[int], grad_bytes: int = 2) -> tuple[float, float, float]:
     """(weights, gradients, optimizer) bytes of one rank holding `stages`, sharded as its ZeRO stage says; gradients
     of `grad_bytes` each (2: bf16, 16 bytes per parameter in all with Adam; 4: Megatron's fp32 main_grad)."""
     lay = plan.layout
@@ -164,7 +165,7 @@ def rank_state_bytes(plan: Plan, stages: list[int], grad_bytes: int = 2) -> tupl
     return 2 * shard(3), grad_bytes * shard(2), opt * shard(1)
 
 
-def transient_bytes(plan: Plan, stack: Stack, stages: list[int], last: bool) -> float:
+def transient_bytes(plan: Plan, stack: Stack, stages: Sequence[int], last: bool) -> float:
     """The largest short-lived allocation on this rank."""
     m, lay = plan.model, plan.layout
     tokens = lay.microbatch_size * m.seq_len // lay.cp
@@ -196,8 +197,7 @@ def rank_breakdowns(
     dense_act, _ = activation_bytes(plan, stack, moe=False)
     capacity = cluster.accelerator.hbm_GB * 1e9
     out = []
-    for rank in range(lay.pp):
-        stages = [s for s in range(lay.num_stages) if stage_rank(lay.schedule, lay.pp, s) == rank]
+    for rank, stages in enumerate(rank_stages(lay.schedule, lay.pp, lay.num_stages)):
         weights, grads, optim = rank_state_bytes(plan, stages, grad_bytes)
         acts = peak_live_layers[rank] * dense_act
         transient = transient_bytes(plan, stack, stages, last=lay.num_stages - 1 in stages)

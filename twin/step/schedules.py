@@ -70,6 +70,15 @@ def stage_rank(schedule: str, pp: int, stage: int) -> int:
     return stage % pp
 
 
+@lru_cache(maxsize=256)
+def rank_stages(schedule: str, pp: int, stages: int) -> tuple[tuple[int, ...], ...]:
+    """The model stages each pipeline rank holds, in model order (`stage_rank` inverted)."""
+    held: list[list[int]] = [[] for _ in range(pp)]
+    for stage in range(stages):
+        held[stage_rank(schedule, pp, stage)].append(stage)
+    return tuple(tuple(h) for h in held)
+
+
 def build(schedule: str, pp: int, virtual_stages: int, microbatches: int) -> tuple[tuple[Action, ...], ...]:
     """Per-rank action lists for one step."""
     return _build(schedule, pp, virtual_stages, microbatches)
