@@ -2,7 +2,8 @@
 with one line naming the limit and how to raise it.
 
 Each default keeps one command within a few seconds on a 2-core machine (measured there: the step model runs about
-15,000 pipeline actions a second, the run model about 50,000 interruptions and 1.5 million checkpoints a second)
+15,000 pipeline actions a second, the run model 7,000-50,000 interruptions a second (the fewer, the more repairs
+and RMA replacements in flight: Llama 3 405B at 19x its failure rates) and 1.5 million checkpoints a second)
 and sits far above any plan the presets hold. A user raises one explicitly: `--limit NAME=VALUE` on the command
 line (`twin predict my-plan --limit step_actions=200000`), `Limits(step_actions=200_000)` in the Python API.
 """
@@ -31,8 +32,9 @@ class Limits:
     step_actions: int = 50_000
     """Pipeline actions one command simulates: pp · virtual_stages · microbatches · passes (F, B and, for the
     zero-bubble schedules, W) per simulated step; the presets need at most 11,520."""
-    run_interruptions: int = 50_000
-    """Failures, slow nodes and maintenance one simulated run may draw (reference-100k draws about 4,300)."""
+    run_interruptions: int = 20_000
+    """Failures, slow nodes and maintenance one simulated run may draw (reference-100k draws about 4,300; the
+    1T model's 1,008-day run on tpu-v4-pods about 5,500)."""
     run_checkpoints: int = 2_000_000
     """Checkpoints one simulated run may take (the presets take at most about 55,000)."""
     runs: int = 1_000
