@@ -203,6 +203,24 @@ def test_a_shrunk_elastic_job_fails_only_on_the_nodes_it_still_runs() -> None:
     assert struck.count("probe") / 4000 == pytest.approx(1 / 4, abs=0.03)
 
 
+def test_a_shrunk_elastic_job_has_slow_nodes_only_among_the_nodes_it_still_runs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The slow-node rate is the whole job's too: after a shrink to a quarter of the replicas, a quarter of the
+    slow nodes drawn are in the job (the quarantine window set to nothing, so every draw is counted)."""
+    monkeypatch.setattr("twin.run.sim.STRAGGLER_WINDOW_STEPS", 0)
+    plan = loader.load(
+        "reference-100k", ["reliability.elastic=true", "cluster.stragglers.slow_node_rate_per_node_day=0"]
+    )
+    for share in (1, 4):
+        sim = RunSim(summary.setup(plan), 0)
+        sim.dp = plan.layout.dp // share
+        sim.strike = lambda hit: None  # type: ignore[method-assign]
+        sim.env.process(sim.slow_nodes(1.0))  # the only slow nodes: one a second for the whole job
+        sim.env.run(until=4000.0)
+        assert sim.t.causes["straggler"] / 4000 == pytest.approx(1 / share, abs=0.03 * 2 / share), share
+
+
 def test_seeds_are_checked_before_any_run() -> None:
     for bad in (-5, True, 1.5):
         with pytest.raises(PlanError, match="seed"):

@@ -283,8 +283,8 @@ class RunSim:
             yield self.env.timeout(self.gap(rate))
             if self.done:
                 return
-            if self.dp < self.s.plan.layout.dp and self.rng.random() * self.s.plan.layout.dp >= self.dp:
-                continue  # it struck a node an elastic shrink has left out of the job (`rate` is the whole job's)
+            if self.left_out():
+                continue
             self.t.causes[cause] += 1
             self.count_interruption()
             if cause == "planned":
@@ -304,7 +304,11 @@ class RunSim:
             else:
                 self.strike(Hit(cause, nodes))
 
-    def strike(self, hit: Hit) -> None:
+    def left_out(self) -> bool:
+        """Whether a draw at the whole job's rate struck a node an elastic shrink has left out (Poisson thinning)."""
+        return self.dp < self.s.plan.layout.dp and self.rng.random() * self.s.plan.layout.dp >= self.dp
+
+    def strike(self, hit: Hit | SpeedChange) -> None:
         if not self.done and self.job.is_alive:
             self.job.interrupt(hit)
 
@@ -352,22 +356,18 @@ class RunSim:
         slowdown = self.s.cluster.stragglers.slow_node_slowdown
         while not self.done:
             yield self.env.timeout(float(self.rng.exponential(1 / rate)))
-            if self.done or self.slow > 1:
+            if self.done or self.slow > 1 or self.left_out():
                 continue
             self.slow = slowdown
-            self.strike_speed()
+            self.strike(SpeedChange())
             self.log("slow node", slowdown=slowdown)
             yield self.env.timeout(STRAGGLER_WINDOW_STEPS * self.s.step_s * slowdown)
             self.slow = 1.0
-            self.strike_speed()
+            self.strike(SpeedChange())
             self.t.causes["straggler"] += 1
             self.count_interruption()
             self.env.process(self.repair(int(self.rng.integers(self.s.job_nodes))))
             self.strike(Hit("straggler", 1, loses_work=False))
-
-    def strike_speed(self) -> None:
-        if not self.done and self.job.is_alive:
-            self.job.interrupt(SpeedChange())
 
     # --- budgets ------------------------------------------------------------------------------------------------
 
