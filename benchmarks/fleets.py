@@ -1,7 +1,7 @@
 """The seeds' 1T dense model on every fleet of the catalogue: each fleet's best layout (`twin search`, time
 objective, batch 4M-64M tokens), its whole run (failures, checkpoints, elastic shrink; on fewer of its GPUs
-where the whole fleet's run cannot finish), and a warm `twin predict` of that layout timed on one core — the
-issue's ≤ 0.2 s at 400k GPUs.
+where the whole fleet's run cannot finish or fewer finish sooner), and a warm `twin predict` of that layout timed
+on one core — the issue's ≤ 0.2 s at 400k GPUs.
 
 Prints the table the README carries and writes benchmarks/results/fleets.json.
 Run: `python benchmarks/fleets.py [FLEET ...]` (the fleets in FLEETS by default; about a minute each).

@@ -137,6 +137,20 @@ def test_a_fleet_too_large_to_finish_the_run_is_answered_with_the_share_that_fin
     assert row["wall_days"] >= row["ideal_days"] and 0 < row["goodput"] < 1
 
 
+def test_a_fleet_whose_whole_run_finishes_late_is_answered_with_the_share_that_finishes_sooner() -> None:
+    """Failures on two nodes every 12 minutes against a 26-minute recovery: the 16-GPU run finishes, but at 9%
+    goodput it takes longer than 8 GPUs do at MFU 1 (`_half_may_win`), and the 8-GPU run is in fact sooner."""
+    rates = ["reliability.failure_rates={gpu: 60}", "training.tokens=2e9"]  # per node-day: each node every 24 min
+    row = api.compare_fleets(MODEL, ["dgx-h100-superpod"], rates, **{**SEARCH, "batch_tokens": 2**19}).loc[0]
+    full = api.search(MODEL, "dgx-h100-superpod", [*rates, "reliability.elastic=true"], gpus=16,
+                      batch_tokens=2**19, fix=SEARCH["fixes"], workers=1, top=1).top[0]  # fmt: skip
+    whole = api.simulate_runs(full.plan, 1).stats["wall_days"]["mean"]
+    assert full.shape.gpus == 16 and 2 * full.outcome.mfu * full.outcome.days_to_train < whole
+    assert row["reason"] == "" and row["gpus"] == 8 and row["wall_days"] < whole
+    assert f"16-GPU best layout's whole run takes {whole:,.1f} wall days" in row["note"]
+    assert "takes 8 of the fleet's GPUs" in row["note"]
+
+
 def test_the_goodput_ranking_puts_runs_that_cannot_finish_last_instead_of_failing() -> None:
     rates = ["reliability.failure_rates={gpu: 240}", "training.tokens=2e9", "reliability.elastic=true"]
     fixes = [*SEARCH["fixes"], "layout.tp=1", "layout.pp=1", "layout.recompute=none"]  # DP8 or DP16

@@ -87,7 +87,8 @@ def _with_policy(source: str | Mapping[str, Any], overrides: list[str]) -> list[
 
 
 SMALLEST_SHARE = 64
-"""A fleet whose whole run cannot finish is tried on halves of it down to this fraction of its GPUs."""
+"""A fleet whose whole run cannot finish, or finishes late, is tried on halves of it down to this fraction of its
+GPUs."""
 
 
 @dataclass(frozen=True)
@@ -108,16 +109,16 @@ class _Ask:
 
 def _best_run(ask: _Ask, fleet_gpus: int, gpus: front.Range | None) -> tuple[dict[str, Any], Plan | None]:
     """The best layout on fleet `name` (the whole fleet unless `gpus` says otherwise), its whole run, and its plan.
-    Where that run cannot finish (failures outpace recovery at that scale), the same search on half as many GPUs,
-    and on halves of that while the whole run gets shorter: a planner's answer is then how much of the fleet one
-    synchronous job should take, not that the fleet cannot train the model."""
+    Where that run cannot finish (failures outpace recovery at that scale), or finishes so late that half as many
+    GPUs could be faster (`_half_may_win`), the same search on half as many GPUs, and on halves of that while the
+    whole run gets shorter: a planner's answer is then how much of the fleet one synchronous job should take."""
     if isinstance(gpus, tuple):  # a range of counts the user explores: its best, as it comes
         return _run_at(ask, gpus)
     most = int(min(gpus, fleet_gpus)) if gpus else fleet_gpus
     row, plan = _run_at(ask, most)
-    if plan is None or not row["reason"]:
+    if plan is None or not (row["reason"] or _half_may_win(row)):
         return row, plan
-    best: tuple[dict[str, Any], Plan] | None = None
+    best = None if row["reason"] else (row, plan)
     fewer = min(row["gpus"], most) // 2
     while fewer >= max(1, most // SMALLEST_SHARE):
         smaller, smaller_plan = _run_at(ask, fewer)
@@ -127,13 +128,24 @@ def _best_run(ask: _Ask, fleet_gpus: int, gpus: front.Range | None) -> tuple[dic
             if best is not None and smaller["wall_days"] >= best[0]["wall_days"]:
                 break
             best = smaller, smaller_plan
+            if not _half_may_win(smaller):
+                break
         fewer = smaller["gpus"] // 2
-    if best is None:
+    if best is None or best[1] is plan:
         return row, plan
-    cause = row["reason"].removeprefix("whole run: ").split(": ", 1)[-1].split(";")[0]
-    note = (f"the {row['gpus']:,}-GPU best layout's whole run cannot finish ({cause}); the fastest whole run "
-            f"takes {best[0]['gpus']:,} of the fleet's GPUs")  # fmt: skip
-    return {**best[0], "note": note}, best[1]
+    if row["reason"]:
+        cause = row["reason"].removeprefix("whole run: ").split(": ", 1)[-1].split(";")[0]
+        why = f"cannot finish ({cause})"
+    else:
+        why = f"takes {row['wall_days']:,.1f} wall days ({row['goodput']:.0%} goodput)"
+    fastest = f"the fastest whole run takes {best[0]['gpus']:,} of the fleet's GPUs"
+    return {**best[0], "note": f"the {row['gpus']:,}-GPU best layout's whole run {why}; {fastest}"}, best[1]
+
+
+def _half_may_win(row: Mapping[str, Any]) -> bool:
+    """Whether half as many GPUs could finish sooner than this finished run: at best they train the model's FLOPs at
+    the accelerator's full peak (MFU 1), which takes 2 * mfu * ideal_days; failures and recovery only add to that."""
+    return 2 * row["mfu"] * row["ideal_days"] < row["wall_days"]
 
 
 def _run_at(ask: _Ask, most: front.Range) -> tuple[dict[str, Any], Plan | None]:

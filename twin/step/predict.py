@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import asdict, dataclass, field, replace
+from functools import cached_property
 from statistics import NormalDist
 from typing import Any
 
@@ -76,15 +77,37 @@ class StepPrediction:
     microbatches_simulated: int
     """Microbatches per replica the simulation ran: the plan's own, or fewer where a long step's steady state was
     extended to it (twin/step/steady.py); the timeline holds these."""
-    timeline: list[dict[str, Any]] = field(repr=False)
+    slices: tuple[Slice, ...] = field(repr=False)
+    """The simulated spans, as `timeline` lists them."""
+    pp: int = field(repr=False)
+    """Pipeline ranks: a stage's model chunk (virtual stage) is its number over this."""
     stage_phases_s: list[dict[str, float]] = field(default_factory=list, repr=False)
     """Per pipeline rank, where its step went in the executor's record vocabulary (plan.records.PHASES)."""
 
+    @cached_property
+    def timeline(self) -> list[dict[str, Any]]:
+        """Every span of the step, a row each (rank, stage, kind, microbatch, start_s, end_s, track, chunk): made
+        when first asked for, as a deep pipeline's step has hundreds of thousands that most callers never read."""
+        return [
+            {
+                "rank": s.rank,
+                "stage": s.stage,
+                "kind": s.kind,
+                "microbatch": s.microbatch,
+                "start_s": s.start,
+                "end_s": s.end,
+                "track": s.track,
+                "chunk": s.stage // self.pp if s.stage >= 0 else -1,
+            }
+            for s in self.slices
+        ]
+
     def to_json(self, timeline: bool = False) -> dict[str, Any]:
-        out = asdict(self)
-        out["memory"] = asdict(self.memory)
-        if not timeline:
-            out.pop("timeline")
+        out = asdict(replace(self, slices=()))
+        del out["slices"], out["pp"]
+        if timeline:
+            out["timeline"] = self.timeline
+        else:
             out.pop("stage_phases_s")
         return out
 
@@ -225,19 +248,8 @@ def _summarise(
         gpu_hours=days * 24 * lay.world_size,
         events=result.events,
         microbatches_simulated=result.extended_from or plan.num_microbatches,
-        timeline=[
-            {
-                "rank": s.rank,
-                "stage": s.stage,
-                "kind": s.kind,
-                "microbatch": s.microbatch,
-                "start_s": s.start,
-                "end_s": s.end,
-                "track": s.track,
-                "chunk": s.stage // lay.pp if s.stage >= 0 else -1,
-            }
-            for s in result.slices + _step_tail(result, gather_exposed, straggle, data_wait)
-        ],
+        slices=result.slices + _step_tail(result, gather_exposed, straggle, data_wait),
+        pp=lay.pp,
         stage_phases_s=[r.phases() for r in result.ranks],
     )
 
