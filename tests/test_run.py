@@ -3,7 +3,9 @@ and the Young/Daly optimum."""
 
 from __future__ import annotations
 
+from collections.abc import Generator
 from dataclasses import replace
+from typing import Any
 
 import numpy as np
 import pytest
@@ -11,8 +13,10 @@ import pytest
 from benchmarks.published import LLAMA3_TABLE_5
 from plan import loader
 from twin.run.reliability import CheckpointCost, daly_interval_s, young_interval_s
-from twin.run.state import RunSetup, Segment
+from twin.run.sim import RunSim
+from twin.run.state import Hit, RunSetup, Segment
 from twin.run.summary import run_seeds, setup, simulate_run, summarise, sweep_checkpoint
+from twin.step.predict import predict
 
 
 def synthetic(mtbf_h: float, cost_s: float, useful_h: float, interval_s: float = 600.0) -> RunSetup:
@@ -154,3 +158,69 @@ def test_replacements_from_outside_the_rail_group_slow_the_job_until_repacked() 
     slowed = np.mean([simulate_run(full, s).degraded_hours for s in range(4)])
     kept = np.mean([simulate_run(spared, s).degraded_hours for s in range(4)])
     assert slowed > 1.0 and slowed > 3 * kept
+
+
+def test_a_shrunk_step_is_the_step_model_at_that_many_replicas() -> None:
+    """Elastic shrink keeps the global batch, so each replica left runs dp0/dp times the microbatches: the line
+    through the step and the doubled batch's step gives the step model's own prediction at that dp (it once
+    took the doubled batch's extra seconds as the cost of one microbatch: 10% fewer replicas made a 4x step)."""
+    plan = loader.load("llama3-405b-16k", ["reliability.elastic=true"])
+    run = setup(plan)
+    for dp in (64, 32):
+        fewer = loader.load("llama3-405b-16k", ["reliability.elastic=true", f"layout.dp={dp}"])
+        assert run.step_for_dp(dp) == pytest.approx(predict(fewer).step_time_s, rel=0.01)
+
+
+QUIET = [  # nothing fails and no node slows unless a test says so
+    "reliability.elastic=true",
+    "reliability.hot_spares=0",
+    "cluster.failures.rate_scale=0",
+    "cluster.stragglers.slow_node_rate_per_node_day=0",
+]
+
+
+def test_an_elastic_job_cut_off_whole_grows_back_once_its_nodes_return() -> None:
+    """A leaf switch that cuts off more nodes than the job can spare shrinks it to one replica that still waits;
+    when the nodes come back the job resumes at its full size, not at the one replica it shrank to."""
+    plan = loader.load("reference-100k", QUIET)
+    sim = RunSim(setup(plan), 0)
+    sim.cold = 0
+
+    def cut() -> Generator[Any, Any, None]:
+        yield sim.env.timeout(3600.0)
+        for _ in range(sim.s.job_nodes):
+            sim.env.process(sim.repair(None))
+        sim.strike(Hit("switch", sim.s.job_nodes))
+
+    sim.env.process(cut())
+    sim.env.run(until=3600.0 * (2 + sim.s.cluster.failures.repair_hours))
+    assert [e["dp"] for e in sim.t.events if e["event"] == "shrink"] == [1]
+    assert sim.dp == plan.layout.dp and sim.t.events[-1] == {**sim.t.events[-1], "event": "resumed", "dp": sim.dp}
+
+
+def test_a_shrunk_job_stops_to_grow_back_only_where_the_gain_outweighs_the_restart() -> None:
+    """Whether a shrunk job should stop to take back returned replicas: where the training it gains before the
+    next failure expected at the larger size outweighs the restart. At 100k GPUs (a failure about every 27
+    minutes against a 10-minute restart) a job one replica short (0.1% slower) carries on; one at a quarter of its
+    replicas (4x slower) stops and takes back all it can."""
+    plan = loader.load("reference-100k", ["reliability.elastic=true", "reliability.hot_spares=0"])
+    run, dp, per = setup(plan), plan.layout.dp, setup(plan).replica_nodes
+    assert run.regrow(dp - 1, 10 * per) == 0
+    assert run.regrow(dp // 4, dp * per) == dp - dp // 4
+    assert run.regrow(dp // 4, dp // 2 * per) == dp // 2  # what the pool holds
+    assert run.regrow(dp // 4, 3 * per) == 0  # three replicas of 195 more: 1.5% faster, not worth a restart
+    assert run.regrow(dp, 10 * per) == 0  # nothing dropped
+
+
+def test_a_shrunk_job_takes_back_its_replicas_as_their_nodes_return_while_it_trains() -> None:
+    """Nothing fails (so a regrow always pays): the nodes of a dropped replica come back from repair while the
+    job trains, and it stops (checkpointed, losing nothing) to run on them."""
+    plan = loader.load("reference-100k", QUIET)
+    sim = RunSim(setup(plan), 0)
+    sim.dp, sim.cold = plan.layout.dp - 1, 0
+    for _ in range(sim.s.replica_nodes):
+        sim.env.process(sim.repair(None))
+    sim.env.run(until=3600.0 * (1 + sim.s.cluster.failures.repair_hours))
+    assert sim.dp == plan.layout.dp
+    regrow = [e for e in sim.t.events if e["event"] == "interrupt"]
+    assert [(e["cause"], e["lost_h"]) for e in regrow] == [("regrow", 0.0)]

@@ -146,12 +146,10 @@ class RunSim:
             flush = wall - self.last_flush >= self.policy.in_memory_flush_min * 60
             if flush:
                 self.last_flush = wall
-            storage = wall + ckpt.size_bytes / self._write_Bps() if flush else float("inf")
+            disk = self.s.cluster.storage
+            write_GBps = min(disk.write_GBps, self.s.job_nodes * disk.per_node_write_GBps)
+            storage = wall + ckpt.size_bytes / (write_GBps * 1e9) if flush else float("inf")
             self.saved.append((progress, storage, wall + ckpt.write_s))
-
-    def _write_Bps(self) -> float:
-        storage, nodes = self.s.cluster.storage, self.s.job_nodes
-        return min(storage.write_GBps, nodes * storage.per_node_write_GBps) * 1e9
 
     def wait(self, seconds: float) -> Generator[Any, Any, None]:
         """A stall that a rate change does not cut short; a failure propagates."""
@@ -215,8 +213,8 @@ class RunSim:
         self.log("resumed", progress_h=self.progress / 3600, dp=self.dp)
 
     def detection_s(self, hit: Hit) -> float:
-        if hit.cause in ("planned", "straggler", "sdc"):
-            return 0.0  # announced, flagged by the step-time check, or found by the check or the loss spike
+        if hit.cause in ("planned", "straggler", "sdc", "regrow"):
+            return 0.0  # announced, flagged by the step-time check, found by the check or the loss spike, chosen
         if hit.cause in HANG_CAUSES:
             return self.policy.watchdog_timeout_s
         return self.policy.heartbeat_timeout_s
@@ -235,12 +233,6 @@ class RunSim:
             self.local += max(0, dropped * per_replica - self.missing)
             self.missing = max(0, self.missing - dropped * per_replica)
             self.log("shrink", dp=self.dp)
-        regrow = min(self.s.plan.layout.dp - self.dp, (self.hot + self.local + self.cold) // per_replica)
-        if regrow > 0 and not self.missing:
-            self.missing += regrow * per_replica
-            self.dp += regrow
-            provision |= self.fill()
-            self.log("grow", dp=self.dp)
         start = self.env.now
         try:
             while self.missing:
@@ -250,6 +242,12 @@ class RunSim:
                 provision |= self.fill()
         finally:
             self.t.wait_s += self.env.now - start
+        regrow = min(self.s.plan.layout.dp - self.dp, (self.hot + self.local + self.cold) // per_replica)
+        if regrow > 0:  # what the pool holds now, repairs it waited for included
+            self.missing += regrow * per_replica
+            self.dp += regrow
+            provision |= self.fill()
+            self.log("grow", dp=self.dp)
         return self.policy.provision_min * 60 if provision else 0.0
 
     def fill(self) -> bool:
@@ -351,6 +349,8 @@ class RunSim:
             self.local += 1
         self.returned.succeed()
         self.returned = self.env.event()
+        if self.segment is not None and not self.missing and self.s.regrow(self.dp, self.hot + self.local + self.cold):
+            self.strike(Hit("regrow", 0, loses_work=False))  # a shrunk job takes its replicas back, checkpointed first
 
     def slow_nodes(self, rate: float) -> Generator[Any, Any, None]:
         slowdown = self.s.cluster.stragglers.slow_node_slowdown

@@ -81,7 +81,7 @@ def _step_for_dp(plan: Plan, cluster: Cluster, step_s: float) -> Callable[[int],
             },
             "elastic",
         )
-        slope = predict(doubled, cluster).step_time_s - step_s
+        slope = (predict(doubled, cluster).step_time_s - step_s) / m  # m more microbatches: this much each
     except PlanError:
         slope = step_s / m
     intercept = step_s - slope * m
