@@ -47,8 +47,9 @@ def compare(
     and that layout's whole run over `seeds` seeds (mean wall days, goodput, cost, energy). A fleet where nothing
     fits gets a row with the reason; one whose best layout's whole run cannot finish keeps its step figures and
     says why its run does not — unless fewer of its GPUs can finish it, or finish it sooner: then the row is the
-    fastest whole run on fewer (halving the count while the run's wall days shrink), with a `note` saying so. `progress(cluster,
-    tally)` follows each search. The best plans themselves are in the frame's `attrs["plans"]`, by fleet."""
+    fastest whole run on fewer (halving the count while the run's wall days shrink), with a `note` saying so.
+    `progress(cluster, tally)` follows each search. The best plans themselves are in the frame's `attrs["plans"]`,
+    by fleet."""
     if not clusters:
         raise PlanError("fleet: name at least one cluster to compare (twin presets lists them)")
     overrides = _with_policy(source, list(overrides))
