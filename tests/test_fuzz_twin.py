@@ -81,7 +81,7 @@ overrides = st.lists(
     min_size=1,
     max_size=4,
 )
-SETTINGS = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow], max_examples=80)
+SETTINGS = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow], max_examples=60)  # 5-min default run
 
 
 def invoke(args: list[str]) -> None:
