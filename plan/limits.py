@@ -34,7 +34,7 @@ class Limits:
     zero-bubble schedules, W) per simulated step; the presets need at most 11,520."""
     run_interruptions: int = 20_000
     """Failures, slow nodes and maintenance one simulated run may draw (reference-100k draws about 4,300; the
-    1T model's 1,008-day run on tpu-v4-pods about 5,500)."""
+    1T model's ~950-day run on tpu-v4-pods about 5,500)."""
     run_checkpoints: int = 2_000_000
     """Checkpoints one simulated run may take (the presets take at most about 55,000)."""
     runs: int = 1_000

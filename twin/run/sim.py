@@ -242,7 +242,7 @@ class RunSim:
                 provision |= self.fill()
         finally:
             self.t.wait_s += self.env.now - start
-        regrow = min(self.s.plan.layout.dp - self.dp, (self.hot + self.local + self.cold) // per_replica)
+        regrow = self.s.replicas_back(self.dp, self.hot + self.local + self.cold)
         if regrow > 0:  # what the pool holds now, repairs it waited for included
             self.missing += regrow * per_replica
             self.dp += regrow

@@ -99,12 +99,16 @@ class RunSetup:
     step_for_dp: Callable[[int], float]
     """Step time with fewer data-parallel replicas (elastic shrink), from the step model."""
 
+    def replicas_back(self, dp: int, pool: int) -> int:
+        """Dropped replicas a job at `dp` could take back from `pool` free nodes."""
+        return max(0, min(self.plan.layout.dp - dp, pool // self.replica_nodes))
+
     def regrow(self, dp: int, pool: int) -> int:
         """Replicas an elastic job shrunk to `dp` should stop training to take back from `pool` free nodes: as many
         as the pool holds, where the training that gains before the next failure expected at the larger size
         outweighs the restart (a scale-up restarts the workers: TorchElastic does so when a node joins); else 0."""
-        back = min(self.plan.layout.dp - dp, pool // self.replica_nodes)
-        if back <= 0:
+        back = self.replicas_back(dp, pool)
+        if back == 0:
             return 0
         failures_per_s = sum(self.rates.values()) * (dp + back) / self.plan.layout.dp
         restart_s = self.plan.reliability.restart_min * 60 + self.ckpt.restore_s

@@ -10,7 +10,7 @@ simulates.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -143,7 +143,7 @@ class Bounds:
             w = sum(cost[("W", k)][1] for k in [*kinds, *extras]) if split else 0.0
             durations["F", stage], durations["B", stage], durations["W", stage] = f, b - w, w
         ctx = step_context(plan, self.cluster, PredictOptions(), self.stack, self.fabric)
-        owner = [schedules.stage_rank(lay.schedule, lay.pp, s) for s in range(lay.num_stages)]
+        owner = schedules.stage_ranks(lay.schedule, lay.pp, lay.num_stages)
         orders = schedules.build(lay.schedule, lay.pp, lay.virtual_stages, plan.num_microbatches)
         finish, done = _longest_path(orders, durations, owner, p2p_costs(ctx))
         # each stage's gradient buckets queue on its rank's data-parallel link as its final backward runs (the
@@ -185,7 +185,7 @@ class RankLayers:
 def _longest_path(
     orders: tuple[tuple[schedules.Action, ...], ...],
     durations: Mapping[tuple[str, int], float],
-    owner: list[int],
+    owner: Sequence[int],
     p2p_s: Mapping[tuple[int, int], float],
 ) -> tuple[list[float], dict[tuple[str, int], float]]:
     """When each rank finishes, and when the last action of each kind on each stage ends, if every action takes its

@@ -161,7 +161,7 @@ def _predict(plan: Plan, cluster: Cluster | None, options: PredictOptions) -> St
     kinds = layer_costs(ctx)
     inp = PipelineInput(
         orders=(),  # each simulation's own, below
-        stage_rank=tuple(schedules.stage_rank(lay.schedule, lay.pp, s) for s in range(lay.num_stages)),
+        stage_rank=schedules.stage_ranks(lay.schedule, lay.pp, lay.num_stages),
         costs=stage_costs(ctx, kinds),
         overlap_costs=stage_costs(ctx, kinds, paired=True) if _pairs_hide_all_to_all(plan) else {},
         p2p_s=p2p_costs(ctx),

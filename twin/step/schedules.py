@@ -71,11 +71,17 @@ def stage_rank(schedule: str, pp: int, stage: int) -> int:
 
 
 @lru_cache(maxsize=256)
+def stage_ranks(schedule: str, pp: int, stages: int) -> tuple[int, ...]:
+    """The pipeline rank of each of the `stages` model stages (`stage_rank` of each)."""
+    return tuple(stage_rank(schedule, pp, stage) for stage in range(stages))
+
+
+@lru_cache(maxsize=256)
 def rank_stages(schedule: str, pp: int, stages: int) -> tuple[tuple[int, ...], ...]:
-    """The model stages each pipeline rank holds, in model order (`stage_rank` inverted)."""
+    """The model stages each pipeline rank holds, in model order (`stage_ranks` inverted)."""
     held: list[list[int]] = [[] for _ in range(pp)]
-    for stage in range(stages):
-        held[stage_rank(schedule, pp, stage)].append(stage)
+    for stage, rank in enumerate(stage_ranks(schedule, pp, stages)):
+        held[rank].append(stage)
     return tuple(tuple(h) for h in held)
 
 
