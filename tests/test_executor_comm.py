@@ -106,6 +106,9 @@ def _steps(tmp: Path, name: str) -> list[StepRecord]:
     return [r for r in iter_records(tmp / f"run-{name}" / "records.jsonl") if isinstance(r, StepRecord)]
 
 
+SLOW = pytest.mark.slow  # torchrun gangs (about 30 s together): CI's second step keeps the default run under 5 min
+
+
 @pytest.fixture(scope="module")
 def layouts(tmp_path_factory: pytest.TempPathFactory) -> Path:
     tmp = tmp_path_factory.mktemp("comm")
@@ -122,6 +125,7 @@ def _only(record: StepRecord, axis: str | None) -> None:
         assert (getattr(p, name) > 0) == (name == f"comm_{axis}"), (name, p)
 
 
+@SLOW
 def test_tp_collectives_leave_forward_and_backward(layouts: Path) -> None:
     steps = _steps(layouts, "tp2")
     assert len(steps) == 6
@@ -132,17 +136,20 @@ def test_tp_collectives_leave_forward_and_backward(layouts: Path) -> None:
         assert r.phases.other < 0.05 * r.step_s
 
 
+@SLOW
 def test_fsdp_gathers_and_reduce_scatters_are_comm_dp(layouts: Path) -> None:
     for r in _steps(layouts, "zero3"):
         _only(r, "dp")
 
 
+@SLOW
 def test_pipeline_p2p_is_comm_pp_and_the_bubble_keeps_the_waiting(layouts: Path) -> None:
     for r in _steps(layouts, "pp2"):
         _only(r, "pp")
         assert r.phases.bubble >= 0 and r.phases.other < 0.05 * r.step_s
 
 
+@SLOW
 def test_one_rank_per_axis_reports_exactly_zero_comm(tmp_path: Path) -> None:
     run_variants({"single": [*SINGLE, "training.global_batch=4"]}, 1, tmp_path)  # a small batch: a short run
     steps = _steps(tmp_path, "single")
