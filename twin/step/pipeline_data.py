@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from twin.step.host import HostSharing
 from twin.step.schedules import Action
@@ -64,10 +65,11 @@ class PipelineInput:
         return self.overlap_costs.get(key, self.costs[key]) if a.overlap else self.costs[key]
 
 
-@dataclass(frozen=True)
-class Slice:
+class Slice(NamedTuple):
     """One action as it ran (kind F, B, W; track "compute"), the exposed communication inside or around it (TP, CP,
-    EP, DP, PP; track "comm"), or the step's end on a rank (barrier, optimizer; stage and microbatch -1)."""
+    EP, DP, PP; track "comm"), or the step's end on a rank (barrier, optimizer; stage and microbatch -1). A named
+    tuple: a step at pp 128 records a few hundred thousand, and a frozen dataclass costs several times as much to
+    make."""
 
     rank: int
     stage: int

@@ -4,7 +4,7 @@ A pipeline schedule with m microbatches per replica runs a warm-up, a steady sta
 microbatches (one for GPipe, 1F1B and the zero-bubble schedules; pp for interleaved 1F1B, whose order goes in rounds
 of pp), and a cool-down. Once the step's events repeat, adding one period to m adds one more repetition of the
 steady state and changes nothing else, so every figure of the step (its time, each rank's compute, communication
-and bubble, the events simulated) grows by the same amount per period: it is affine in m past the warm-up.
+and bubble) grows by the same amount per period: it is affine in m past the warm-up.
 
 Two ways to see that repeat, by how soon the schedule reaches it:
 
@@ -23,10 +23,10 @@ Two ways to see that repeat, by how soon the schedule reaches it:
   period inserted, and extended. Where the repeat comes too late to save time, the step of m simply runs on.
 
 tests/test_steady.py holds the extended result equal to the full simulation for every schedule. A CPU host's
-shared cores are state the events do not show: their re-sharing adds events that do not repeat a microbatch
-apart, so a CPU host's steps keep counts a pipeline depth apart from two depths (its step figures come out equal;
-its event count is the extension's, not the whole step's: GPipe at pp 2 over 256 microbatches counts 2,053 against
-2,245).
+shared cores are state the events do not show, so a CPU host's steps keep counts a pipeline depth apart from two
+depths. An extended result's event count is what its simulations scheduled, not the whole step's: off CPU hosts
+a rank's events are only its waits for messages not yet sent (twin/step/pipeline.py), and which of its waits find
+the message already sent depends on how far ahead each rank's clock has run, which need not repeat.
 
 Hand-written: SimPy simulates what it is given; recognising that a simulated process repeats is outside it.
 """
@@ -98,33 +98,38 @@ def simulate_extended(
     done = [simulate(replace(inp, orders=orders_for(n))) for n in counts]
     n, spent = counts[-1], sum(counts)
     while True:
-        extended = _extend(done[-3], done[-2], done[-1], (m - n) / step, n)
+        extended = _extend(done[-3], done[-2], done[-1], (m - n) / step, n, sum(r.events for r in done))
         if extended is not None:
             return extended
         n += step
         spent += n
         if spent >= m:
-            return simulate(replace(inp, orders=orders_for(m)))
+            full = simulate(replace(inp, orders=orders_for(m)))
+            return replace(full, events=full.events + sum(r.events for r in done))
         done.append(simulate(replace(inp, orders=orders_for(n))))
 
 
-def _extend(a: PipelineResult, b: PipelineResult, c: PipelineResult, steps: float, n: int) -> PipelineResult | None:
-    """`c` (of `n` microbatches) plus `steps` periods, if b - a and c - b agree on every figure; else None."""
+def _extend(
+    a: PipelineResult, b: PipelineResult, c: PipelineResult, steps: float, n: int, events: int
+) -> PipelineResult | None:
+    """`c` (of `n` microbatches) plus `steps` periods, if b - a and c - b agree on every figure; else None.
+    `events`: what the simulations behind it scheduled."""
 
     def grow(x: float, y: float, z: float) -> float | None:
         if abs((z - y) - (y - x)) > REL_TOL * max(abs(z), 1e-9):
             return None
         return z + steps * (z - x) / 2
 
-    return _combined((a, b, c), grow, n)
+    return _combined((a, b, c), grow, n, events)
 
 
-def _combined(results: Sequence[PipelineResult], grow: Callable[..., float | None], n: int) -> PipelineResult | None:
-    """A result whose every figure (step, events, each rank's times) is `grow` of that figure in `results`, with
-    the last one's timeline; None where `grow` refuses a figure."""
+def _combined(
+    results: Sequence[PipelineResult], grow: Callable[..., float | None], n: int, events: int
+) -> PipelineResult | None:
+    """A result whose every figure (the step, each rank's times) is `grow` of that figure in `results`, with the
+    last one's timeline and `events` (the events simulated to find it); None where `grow` refuses a figure."""
     step = grow(*(r.step_s for r in results))
-    events = grow(*(r.events for r in results))
-    if step is None or events is None:
+    if step is None:
         return None
     ranks = []
     for rank in zip(*(r.ranks for r in results), strict=True):
@@ -135,7 +140,7 @@ def _combined(results: Sequence[PipelineResult], grow: Callable[..., float | Non
                 return None
             values[f.name] = value
         ranks.append(RankTimes(**values))
-    return PipelineResult(step, tuple(ranks), results[-1].slices, round(events), extended_from=n)
+    return PipelineResult(step, tuple(ranks), results[-1].slices, events, extended_from=n)
 
 
 def _watched_until_periodic(
@@ -146,10 +151,11 @@ def _watched_until_periodic(
     that hold that window, extended; the step simulated to its end where that does not save time or the short
     steps do not check out."""
     short = orders_for(min(m, REACH_SPAN * (max(inp.stage_rank) + 1)))  # REACH_SPAN pipeline depths
+    if _too_short(reach(inp, short[:1]) + 1, m):  # the first rank's reach: a floor under every rank's, cheaply
+        return simulate(replace(inp, orders=orders_for(m)))
     window = reach(inp, short) + 1
     tail = 2 * window  # a short step's cool-down reaches back less far than this (it is checked below)
-    earliest = window + 2
-    if 2 * (earliest + tail) + 1 >= m - earliest:  # even a repeat seen at once would not save time
+    if _too_short(window, m):
         return simulate(replace(inp, orders=orders_for(m)))
     slots = _slots(inp, short)  # microbatch 0's actions: the same in an order of any length
     look_s = window * _floor_per_microbatch_s(inp, short)
@@ -165,11 +171,18 @@ def _watched_until_periodic(
         if 2 * n + 1 >= m - done:  # the two short steps would cost what is left of this one
             break
         if done > window + 1 and _repeats(table[:, done - window - 1 : done], _tolerance(table, done)):
-            extended = _two_short_steps(inp, orders_for, slots, table[:, :done], n, m)
+            extended = _two_short_steps(inp, orders_for, slots, table[:, :done], n, m, watched.events)
             if extended is not None:
                 return extended
             break
     return watched.finish()
+
+
+def _too_short(window: int, m: int) -> bool:
+    """A step of `m` microbatches too short for a repeat over `window` of them to save time, even if seen at once:
+    the earliest it can be seen, plus two short steps reaching a tail of two windows past it, cost m or more."""
+    earliest = window + 2
+    return 2 * (earliest + 2 * window) + 1 >= m - earliest
 
 
 def _two_short_steps(
@@ -179,10 +192,11 @@ def _two_short_steps(
     seen: np.ndarray,
     n: int,
     m: int,
+    watched: int,
 ) -> PipelineResult | None:
     """Steps of n and n + 1 microbatches, extended to m; None unless both begin with the events `seen` (so they
     hold its repeating window) and the longer is the shorter with one microbatch inserted, every event after it
-    one period's time later."""
+    one period's time later. `watched`: the events the step of m scheduled before it was stopped."""
     a = simulate(replace(inp, orders=orders_for(n)))
     b = simulate(replace(inp, orders=orders_for(n + 1)))
     ta, tb = _table(slots, a, n), _table(slots, b, n + 1)
@@ -192,12 +206,12 @@ def _two_short_steps(
         return None
     if not _same(tb[:, done:] - (b.step_s - a.step_s), ta[:, done - 1 :], tol):
         return None
-    return _affine(a, b, m - n - 1, n + 1)
+    return _affine(a, b, m - n - 1, n + 1, watched + a.events + b.events)
 
 
-def _affine(a: PipelineResult, b: PipelineResult, periods: int, n: int) -> PipelineResult | None:
+def _affine(a: PipelineResult, b: PipelineResult, periods: int, n: int, events: int) -> PipelineResult | None:
     """`b` (of `n` microbatches) plus `periods` more of what `b` adds to `a`."""
-    return _combined((a, b), lambda x, y: y + periods * (y - x), n)
+    return _combined((a, b), lambda x, y: y + periods * (y - x), n, events)
 
 
 def _slots(inp: PipelineInput, orders: Sequence[Sequence[Action]]) -> dict[tuple[str, int, int], int]:
