@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import fields, replace
 
 import pytest
 
+from twin.step.host import HostSharing
 from twin.step.pipeline import simulate
-from twin.step.pipeline_data import ActionCost, PipelineInput
+from twin.step.pipeline_data import ActionCost, PipelineInput, PipelineResult, RankTimes
 from twin.step.schedules import build, peak_live, splits_weight_grad, stage_rank
 
 SCHEDULES = [("gpipe", 1), ("1f1b", 1), ("interleaved-1f1b", 2), ("zb-h1", 1), ("zbv", 2), ("dualpipe-v", 2)]
@@ -107,3 +109,46 @@ def test_dp_reduction_overlaps_the_last_backward() -> None:
     # four buckets ready every 0.5 s of the last 2 s backward: 1 s of reduction leaves one bucket (0.25 s) exposed
     assert hidden.step_s == pytest.approx(free.step_s + 0.25)
     assert exposed.ranks[0].dp == pytest.approx(8.0 - 1.5)
+
+
+@pytest.mark.parametrize("name,v", SCHEDULES)
+@pytest.mark.parametrize("blocking", [False, True])
+def test_a_gpu_rank_running_ahead_of_the_clock_times_the_step_as_event_by_event(
+    name: str, v: int, blocking: bool
+) -> None:
+    """A GPU rank's process times its actions on its own clock (twin/step/pipeline_sim.py); a CPU host's runs every
+    action as a SimPy event (pipeline_host.py). On a host that never shares a core (a core per process, no wake-up
+    latency) the two model the same step: uneven stages, exposed TP inside actions, slow point-to-point sends that
+    queue on their link, bucketed DP reduction, a ZeRO-3 gather and an optimizer per rank."""
+    p, m = 4, 11
+    orders = build(name, p, v, m)
+    stages, split = p * v, splits_weight_grad(name)
+    costs = {}
+    for s in range(stages):
+        scale = 1.0 + 0.37 * (s % 3) + (0.5 if s == stages - 1 else 0.0)  # uneven; the last stage has the head
+        costs[("F", s)] = ActionCost(compute=scale, tp=0.11)
+        costs[("B", s)] = ActionCost(compute=1.3 * scale, recompute=0.2, tp=0.07)
+        costs[("W", s)] = ActionCost(compute=0.9 * scale)
+    sends = {(a, c): 1.2 + 0.05 * a for a in range(stages) for c in (a - 1, a + 1)}  # longer than some actions
+    ranks = tuple(stage_rank(name, p, s) for s in range(stages))
+    inp = PipelineInput(
+        orders, ranks, costs, sends, split, dp_stage_s={s: 2.5 for s in range(stages)},
+        gather_stage_s={s: 0.3 for s in range(stages)}, optimizer_s={r: 0.2 for r in range(p)}, barrier_s=0.05,
+        dp_overlap=0.8, blocking_sends=blocking,
+    )  # fmt: skip
+    never_shared = HostSharing(cores=1e9, weight=1.0, ranks_per_pool=1, physical_cores=1e9)
+    ahead, each = simulate(inp), simulate(replace(inp, host=never_shared))
+    assert ahead.step_s == pytest.approx(each.step_s, rel=1e-12)
+    for mine, ref in zip(ahead.ranks, each.ranks, strict=True):
+        for f in fields(RankTimes):
+            assert getattr(mine, f.name) == pytest.approx(getattr(ref, f.name), rel=1e-9, abs=1e-12), f.name
+    assert _spans(ahead) == _spans(each)
+    assert ahead.arrivals == pytest.approx(dict(each.arrivals), rel=1e-12)
+    assert ahead.events < each.events / 2
+
+
+def _spans(result: PipelineResult) -> list[tuple[int, int, str, int, float, float, str]]:
+    """Every span of the timeline longer than 1e-9 s (a wait that rounding leaves a hair long is none), times
+    rounded to 1e-9 s, in one order."""
+    spans = ((*s[:4], round(s.start, 9), round(s.end, 9), s.track) for s in result.slices if s.end - s.start > 1e-9)
+    return sorted(spans)
