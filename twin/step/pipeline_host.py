@@ -13,6 +13,7 @@ import simpy
 from twin.step.host import SharedCores
 from twin.step.pipeline_data import ActionCost, PipelineInput, RankTimes, Slice
 from twin.step.pipeline_sim import PipelineSim
+from twin.step.pipeline_steps import awaited_on_own_rank, final_gradients
 from twin.step.schedules import Action, receiver
 
 
@@ -24,6 +25,8 @@ class HostPipelineSim(PipelineSim):
         assert inp.host is not None
         self.host = inp.host
         self.done: dict[tuple[str, int, int], simpy.Event] = {}
+        self.final_grad = final_gradients(inp.orders, inp.split_w)
+        self.awaited_here = awaited_on_own_rank(inp.stage_rank)
         self.links: dict[tuple[int, int], simpy.Resource] = {}
         n_pools = -(-len(inp.orders) // inp.host.ranks_per_pool)
         self.pools = [SharedCores(self.env, inp.host.cores, inp.host.weight) for _ in range(n_pools)]

@@ -11,11 +11,11 @@ from typing import Any
 import simpy
 
 from twin.step.pipeline_data import ActionCost, PipelineInput, PipelineResult, RankTimes, Slice
-from twin.step.schedules import Action, receiver
+from twin.step.pipeline_steps import MESSAGE, OWN_RANK, PriceKey, rank_steps
+from twin.step.schedules import Action
 
-Priced = tuple[ActionCost, float, tuple[tuple[str, float], ...], float, int | None]
-"""An action's cost, its seconds, its exposed collectives (axis, seconds) and their seconds, and the stage on
-another rank it sends its result to (None: none)."""
+Priced = tuple[ActionCost, float, tuple[tuple[str, float], ...], float]
+"""An action's cost, its seconds, and its exposed collectives (axis, seconds) and their seconds."""
 
 
 class PipelineSim:
@@ -30,7 +30,7 @@ class PipelineSim:
         self.arrived_at: dict[tuple[str, int, int], float] = {}
         self.done_at: dict[tuple[str, int, int], float] = {}
         self.gathered_at: dict[int, float] = {}
-        self.prices: dict[tuple[str, int, bool], Priced] = {}
+        self.prices = self._prices()
         self.link_free: dict[tuple[int, int], float] = {}
         self.dp_link = [simpy.Resource(self.env, capacity=1) for _ in inp.orders]
         self.gathered: dict[int, simpy.Event] = {}
@@ -39,8 +39,6 @@ class PipelineSim:
         self.slices: list[Slice] = []
         self.events = 0
         self.last_stage = len(inp.stage_rank) - 1
-        self.final_grad = self._final_grad_actions()
-        self.awaited_here = self._awaited_on_own_rank()
         self.arrived_ranks = 0
         self.barrier = self.env.event()
 
@@ -51,23 +49,6 @@ class PipelineSim:
     def wakeup_s(self, rank: int, slept_s: float) -> float:
         """Seconds before a rank that a message wakes runs again: none off CPU hosts."""
         return 0.0
-
-    def _final_grad_actions(self) -> set[int]:
-        """The last gradient action of each stage, by identity (hashing an action by its fields costs a call)."""
-        kind = "W" if self.inp.split_w else "B"
-        last: dict[int, Action] = {}
-        for order in self.inp.orders:
-            for a in order:
-                if a.kind == kind:
-                    last[a.stage] = a
-        return {id(a) for a in last.values()}
-
-    def _awaited_on_own_rank(self) -> set[tuple[str, int]]:
-        """(kind, stage) of the actions whose result the next stage takes on the same rank (the turn of a "V"), the
-        only ones whose end is an event someone waits for."""
-        ranks, last = self.inp.stage_rank, self.last_stage
-        forward = {("F", s) for s in range(last) if ranks[s + 1] == ranks[s]}
-        return forward | {("B", s) for s in range(1, last + 1) if ranks[s - 1] == ranks[s]}
 
     def event(self, table: dict[Any, simpy.Event], key: Any) -> simpy.Event:
         if key not in table:
@@ -101,88 +82,78 @@ class PipelineSim:
         sent, waiting there for the event its sender triggers: a few events per microbatch, not a few per action.
         What the actions cost is charged to the rank's times once per kind of action, by count."""
         times, t = self.times[rank], 0.0
-        ranks, last, slices, env = self.inp.stage_rank, self.last_stage, self.slices, self.env
-        arrived_at, done_at, awaited_here, final_grad = (
-            self.arrived_at,
-            self.done_at,
-            self.awaited_here,
-            self.final_grad,
-        )
-        ran: dict[tuple[str, int, bool], int] = {}
-        first_forward: set[int] = set()
-        for a in self.inp.orders[rank]:
-            kind, stage, mb = a.kind, a.stage, a.microbatch
-            source = stage - 1 if kind == "F" and stage > 0 else stage + 1 if kind == "B" and stage < last else None
-            if source is not None:
-                if ranks[source] == rank:  # the turn of a "V": an earlier action of this rank
-                    at = done_at[(kind, source, mb)]
-                else:
-                    key = (kind, stage, mb)
-                    if key not in arrived_at:
-                        if t > env.now:  # meet the simulation's clock: the message may be sent before then
-                            yield self.timeout(t - env.now)
-                        if key not in arrived_at:
-                            yield self.event(self.arrived, key)
-                    at = arrived_at[key]
-                    if at > t:
-                        on_wire = min(at - t, at - self.sent_at[key])
-                        times.pp += on_wire
-                        times.bubble += at - t - on_wire
-                        self.mark(rank, "PP", at - on_wire, at, a)
-                t = max(t, at)
-            if kind == "F" and stage in self.gathered and stage not in first_forward:
-                first_forward.add(stage)
-                if stage not in self.gathered_at:
-                    if t > env.now:
+        steps, counts = rank_steps(self.inp.orders, self.inp.stage_rank, self.inp.split_w)[rank]
+        slices, env, arrived_at, done_at, prices = self.slices, self.env, self.arrived_at, self.done_at, self.prices
+        for a, waits, key, price, first_forward, final_grad, done, sends, to in steps:
+            if waits == OWN_RANK:  # the turn of a "V": an earlier action of this rank, ended before this one
+                t = max(t, done_at[key])
+            elif waits == MESSAGE:
+                if key not in arrived_at:
+                    if t > env.now:  # meet the simulation's clock: the message may be sent before then
                         yield self.timeout(t - env.now)
-                    if stage not in self.gathered_at:
-                        yield self.gathered[stage]
-                at = max(t, self.gathered_at[stage])
-                times.dp += at - t
-                t = self.mark(rank, "DP", t, at, a) if at > t else t
-            _, total, exposed, exposed_s, target = self.priced(a, rank)
+                    if key not in arrived_at:
+                        yield self.event(self.arrived, key)
+                at = arrived_at[key]
+                if at > t:
+                    on_wire = min(at - t, at - self.sent_at[key])
+                    times.pp += on_wire
+                    times.bubble += at - t - on_wire
+                    t = self.mark(rank, "PP", at - on_wire, at, a)
+            if first_forward and self.gathered:
+                yield from self.gather_wait(rank, a, t, times)
+                t = max(t, self.gathered_at[a.stage])
+            _, total, exposed, exposed_s = prices[price]
             start, t = t, t + total
-            ran[(kind, stage, a.overlap)] = ran.get((kind, stage, a.overlap), 0) + 1
-            if id(a) in final_grad and self.inp.dp_stage_s.get(stage, 0.0) > 0:
-                self.launch_buckets(rank, stage, start, total)
-            slices.append(Slice(rank, stage, kind, mb, start, t))
+            if final_grad and self.inp.dp_stage_s.get(a.stage, 0.0) > 0:
+                self.launch_buckets(rank, a.stage, start, total)
+            slices.append(Slice(rank, a.stage, a.kind, a.microbatch, start, t))
             at = t - exposed_s
             for axis, seconds in exposed:  # an action's exposed collectives end it
-                slices.append(Slice(rank, stage, axis, mb, at, at + seconds, "comm"))
+                slices.append(Slice(rank, a.stage, axis, a.microbatch, at, at + seconds, "comm"))
                 at += seconds
-            if (kind, stage) in awaited_here:
-                done_at[(kind, stage, mb)] = t
-            if target is not None:
-                end = self.send_at(rank, (kind, target, mb), t)
+            if done is not None:
+                done_at[done] = t
+            if sends is not None:
+                end = self.send_at(rank, to, sends, t)
                 if self.inp.blocking_sends:
                     times.pp += end - t
                     t = self.mark(rank, "PP", t, end, a) if end > t else t
-        for priced, n in ran.items():
-            self.charge(times, priced[0] == "F", self.prices[priced][0], n)
+        for price, n in counts.items():
+            self.charge(times, price[0] == "F", prices[price][0], n)
         if t > env.now:
             yield self.timeout(t - env.now)
         yield from self.finish_rank(rank, times)
 
-    def priced(self, a: Action, rank: int) -> Priced:
-        """What `a` costs, its seconds, its exposed collectives in the order they run at its end (by axis), their
-        seconds, and the stage on another rank it sends its result to (None: none)."""
-        key = (a.kind, a.stage, a.overlap)
-        if key not in self.prices:
-            cost = self.inp.cost(a)
-            axes = (("TP", cost.tp), ("CP", cost.cp), ("EP", cost.ep), ("DP", cost.dp))
-            exposed = tuple((axis, s) for axis, s in axes if s > 0)
-            target = receiver(a, len(self.inp.stage_rank))
-            if target is not None and self.inp.stage_rank[target] == rank:
-                target = None
-            self.prices[key] = (cost, cost.total, exposed, cost.tp + cost.cp + cost.ep + cost.dp, target)
-        return self.prices[key]
+    def gather_wait(self, rank: int, a: Action, t: float, times: RankTimes) -> Generator[simpy.Event, Any, None]:
+        """Before a stage's first forward at `t`, wait for its ZeRO-3 gather (exposed DP time)."""
+        stage = a.stage
+        if stage not in self.gathered_at:
+            if t > self.env.now:
+                yield self.timeout(t - self.env.now)
+            if stage not in self.gathered_at:
+                yield self.gathered[stage]
+        at = self.gathered_at[stage]
+        if at > t:
+            times.dp += at - t
+            self.mark(rank, "DP", t, at, a)
 
-    def send_at(self, rank: int, key: tuple[str, int, int], t: float) -> float:
+    def _prices(self) -> dict[PriceKey, Priced]:
+        """Every action's cost by (kind, stage, overlapped), its seconds, and its exposed collectives in the order
+        they run at its end (by axis) with their seconds."""
+        prices = {}
+        for (kind, stage), plain in self.inp.costs.items():
+            for overlap in (False, True):
+                cost = self.inp.overlap_costs.get((kind, stage), plain) if overlap else plain
+                axes = (("TP", cost.tp), ("CP", cost.cp), ("EP", cost.ep), ("DP", cost.dp))
+                exposed = tuple((axis, s) for axis, s in axes if s > 0)
+                prices[(kind, stage, overlap)] = (cost, cost.total, exposed, cost.tp + cost.cp + cost.ep + cost.dp)
+        return prices
+
+    def send_at(self, rank: int, dst: int, key: tuple[str, int, int], t: float) -> float:
         """Send the message `key` (kind, the stage it feeds on another rank, microbatch) at `t` off CPU hosts; when
         it arrives. Only this rank sends on the link, one message after another in its order, so the link's queue
         is a running maximum. A receiver already waiting for it is woken then."""
         kind, target, _ = key
-        dst = self.inp.stage_rank[target]
         self.sent_at[key] = t
         end = (
             max(t, self.link_free.get((rank, dst), 0.0))

@@ -1,0 +1,120 @@
+"""What each pipeline rank's actions need from one another, worked out once per schedule: which message or earlier
+action each waits for, which it sends, where a stage's ZeRO-3 gather and gradient buckets fall. A GPU rank's
+process (twin/step/pipeline_sim.py) then only does arithmetic per action; a CPU host's (pipeline_host.py) asks the
+same questions of each action as it runs.
+
+Hand-written: the answers are kept for each schedule's orders by their identity. `schedules.build` caches the
+orders, so the same object comes back for every prediction of a schedule, pipeline depth and microbatch count,
+while hashing its tens of thousands of actions for an lru_cache would cost what the answers save.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from typing import NamedTuple
+
+from twin.step.schedules import Action, receiver
+
+Key = tuple[str, int, int]
+"""(kind, stage, microbatch): an action's end, or a message by the stage it feeds."""
+PriceKey = tuple[str, int, bool]
+"""(kind, stage, overlapped): what an action costs depends on these only."""
+
+NO_WAIT, OWN_RANK, MESSAGE = 0, 1, 2
+NOTHING: Key = ("", -1, -1)
+"""The key of what an action that waits for nothing waits for."""
+
+
+class Step(NamedTuple):
+    """One action of a rank's order with everything about it that does not depend on time."""
+
+    action: Action
+    waits: int
+    """NO_WAIT; OWN_RANK: for an earlier action of this rank (the turn of a "V"); MESSAGE: from another rank."""
+    key: Key
+    """What it waits for: the earlier action (its kind, stage, microbatch), the message, or NOTHING."""
+    price: PriceKey
+    first_forward: bool
+    """Its stage's first forward on this rank: the stage's ZeRO-3 gather must be done before it."""
+    final_grad: bool
+    """Its stage's last gradient pass: the stage's DP gradient buckets become ready while it runs."""
+    done: Key | None
+    """Its own key where a later action of this rank waits for its end."""
+    sends: Key | None
+    """The message it sends to a stage on another rank."""
+    to: int
+    """The rank that message goes to (-1: none)."""
+
+
+class RankSteps(NamedTuple):
+    steps: tuple[Step, ...]
+    counts: dict[PriceKey, int]
+    """How many of the rank's actions have each price: what they cost in all is charged once per price."""
+
+
+_CACHE: dict[int, tuple[object, tuple[int, ...], bool, tuple[RankSteps, ...]]] = {}
+_CACHED = 64
+
+
+def rank_steps(
+    orders: tuple[tuple[Action, ...], ...], stage_rank: tuple[int, ...], split_w: bool
+) -> tuple[RankSteps, ...]:
+    """Every rank's steps, from the orders of one schedule (kept by the orders' identity: see the module)."""
+    hit = _CACHE.get(id(orders))
+    if hit is not None and hit[0] is orders and hit[1] == stage_rank and hit[2] == split_w:
+        return hit[3]
+    final = final_gradients(orders, split_w)
+    awaited = awaited_on_own_rank(stage_rank)
+    stages = len(stage_rank)
+    ranks = []
+    for rank, order in enumerate(orders):
+        steps, gathered = [], set()
+        for a in order:
+            waits, key = _waits_for(a, rank, stage_rank)
+            first = a.kind == "F" and a.stage not in gathered
+            if first:
+                gathered.add(a.stage)
+            target = receiver(a, stages)
+            sends = (a.kind, target, a.microbatch) if target is not None and stage_rank[target] != rank else None
+            done = (a.kind, a.stage, a.microbatch) if (a.kind, a.stage) in awaited else None
+            to = stage_rank[target] if sends is not None and target is not None else -1
+            price = (a.kind, a.stage, a.overlap)
+            steps.append(Step(a, waits, key, price, first, id(a) in final, done, sends, to))
+        ranks.append(RankSteps(tuple(steps), dict(Counter(s.price for s in steps))))
+    if len(_CACHE) >= _CACHED:
+        _CACHE.pop(next(iter(_CACHE)))
+    _CACHE[id(orders)] = (orders, stage_rank, split_w, tuple(ranks))
+    return tuple(ranks)
+
+
+def _waits_for(a: Action, rank: int, stage_rank: Sequence[int]) -> tuple[int, Key]:
+    """What `a` waits for: a forward for the previous stage's forward, a backward for the next stage's backward."""
+    if a.kind == "F" and a.stage > 0:
+        source = a.stage - 1
+    elif a.kind == "B" and a.stage < len(stage_rank) - 1:
+        source = a.stage + 1
+    else:
+        return NO_WAIT, NOTHING
+    if stage_rank[source] == rank:
+        return OWN_RANK, (a.kind, source, a.microbatch)
+    return MESSAGE, (a.kind, a.stage, a.microbatch)
+
+
+def final_gradients(orders: Sequence[Sequence[Action]], split_w: bool) -> set[int]:
+    """The last gradient action of each stage, by identity (hashing an action by its fields costs a call)."""
+    kind = "W" if split_w else "B"
+    last: dict[int, Action] = {}
+    for order in orders:
+        for a in order:
+            if a.kind == kind:
+                last[a.stage] = a
+    return {id(a) for a in last.values()}
+
+
+def awaited_on_own_rank(stage_rank: Sequence[int]) -> set[tuple[str, int]]:
+    """(kind, stage) of the actions whose result the next stage takes on the same rank (the turn of a "V"), the
+    only ones whose end someone waits for on their own rank."""
+    last = len(stage_rank) - 1
+    forward = {("F", s) for s in range(last) if stage_rank[s + 1] == stage_rank[s]}
+    return forward | {("B", s) for s in range(1, last + 1) if stage_rank[s - 1] == stage_rank[s]}
