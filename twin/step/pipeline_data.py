@@ -60,9 +60,14 @@ class PipelineInput:
     """Costs of actions run as one half of an overlapped forward-backward pair (DualPipe), where they differ."""
 
     def cost(self, a: Action) -> ActionCost:
-        """What action `a` costs: its overlapped cost when it runs in an overlapped pair and has one."""
-        key = (a.kind, a.stage)
-        return self.overlap_costs.get(key, self.costs[key]) if a.overlap else self.costs[key]
+        """What action `a` costs."""
+        return self.cost_of(a.kind, a.stage, a.overlap)
+
+    def cost_of(self, kind: str, stage: int, overlap: bool) -> ActionCost:
+        """What an action of `kind` on `stage` costs: its overlapped cost when it runs in an overlapped pair
+        (`overlap`) and has one."""
+        key = (kind, stage)
+        return self.overlap_costs.get(key, self.costs[key]) if overlap else self.costs[key]
 
 
 class Slice(NamedTuple):

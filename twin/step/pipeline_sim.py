@@ -5,7 +5,7 @@ SimPy's only to wait for a message not yet sent. A CPU host's ranks share cores,
 
 from __future__ import annotations
 
-from collections.abc import Generator
+from collections.abc import Generator, Mapping
 from typing import Any
 
 import simpy
@@ -38,7 +38,6 @@ class PipelineSim:
         self.times = [RankTimes() for _ in inp.orders]
         self.slices: list[Slice] = []
         self.events = 0
-        self.last_stage = len(inp.stage_rank) - 1
         self.arrived_ranks = 0
         self.barrier = self.env.event()
 
@@ -83,16 +82,13 @@ class PipelineSim:
         What the actions cost is charged to the rank's times once per kind of action, by count."""
         times, t = self.times[rank], 0.0
         steps, counts = rank_steps(self.inp.orders, self.inp.stage_rank, self.inp.split_w)[rank]
-        slices, env, arrived_at, done_at, prices = self.slices, self.env, self.arrived_at, self.done_at, self.prices
+        slices, arrived_at, done_at, prices = self.slices, self.arrived_at, self.done_at, self.prices
         for a, waits, key, price, first_forward, final_grad, done, sends, to in steps:
             if waits == OWN_RANK:  # the turn of a "V": an earlier action of this rank, ended before this one
                 t = max(t, done_at[key])
             elif waits == MESSAGE:
                 if key not in arrived_at:
-                    if t > env.now:  # meet the simulation's clock: the message may be sent before then
-                        yield self.timeout(t - env.now)
-                    if key not in arrived_at:
-                        yield self.event(self.arrived, key)
+                    yield from self.until_known(arrived_at, key, t, self.arrived)
                 at = arrived_at[key]
                 if at > t:
                     on_wire = min(at - t, at - self.sent_at[key])
@@ -100,15 +96,19 @@ class PipelineSim:
                     times.bubble += at - t - on_wire
                     t = self.mark(rank, "PP", at - on_wire, at, a)
             if first_forward and self.gathered:
-                yield from self.gather_wait(rank, a, t, times)
-                t = max(t, self.gathered_at[a.stage])
+                if a.stage not in self.gathered_at:
+                    yield from self.until_known(self.gathered_at, a.stage, t, self.gathered)
+                at = self.gathered_at[a.stage]
+                if at > t:
+                    times.dp += at - t
+                    t = self.mark(rank, "DP", t, at, a)
             _, total, exposed, exposed_s = prices[price]
             start, t = t, t + total
             if final_grad and self.inp.dp_stage_s.get(a.stage, 0.0) > 0:
                 self.launch_buckets(rank, a.stage, start, total)
             slices.append(Slice(rank, a.stage, a.kind, a.microbatch, start, t))
-            at = t - exposed_s
-            for axis, seconds in exposed:  # an action's exposed collectives end it
+            at = t - exposed_s  # an action's exposed collectives end it (`mark_exposed`, inline: once per action)
+            for axis, seconds in exposed:
                 slices.append(Slice(rank, a.stage, axis, a.microbatch, at, at + seconds, "comm"))
                 at += seconds
             if done is not None:
@@ -120,30 +120,40 @@ class PipelineSim:
                     t = self.mark(rank, "PP", t, end, a) if end > t else t
         for price, n in counts.items():
             self.charge(times, price[0] == "F", prices[price][0], n)
-        if t > env.now:
-            yield self.timeout(t - env.now)
+        yield from self.meet(t)
         yield from self.finish_rank(rank, times)
 
-    def gather_wait(self, rank: int, a: Action, t: float, times: RankTimes) -> Generator[simpy.Event, Any, None]:
-        """Before a stage's first forward at `t`, wait for its ZeRO-3 gather (exposed DP time)."""
-        stage = a.stage
-        if stage not in self.gathered_at:
-            if t > self.env.now:
-                yield self.timeout(t - self.env.now)
-            if stage not in self.gathered_at:
-                yield self.gathered[stage]
-        at = self.gathered_at[stage]
-        if at > t:
-            times.dp += at - t
-            self.mark(rank, "DP", t, at, a)
+    def meet(self, t: float) -> Generator[simpy.Event, Any, None]:
+        """Bring the simulation's clock to a rank's own clock `t`."""
+        if t > self.env.now:
+            yield self.timeout(t - self.env.now)
+
+    def until_known(
+        self, known: Mapping[Any, float], key: Any, t: float, events: dict[Any, simpy.Event]
+    ) -> Generator[simpy.Event, Any, None]:
+        """Wait for the time of `key` (a message's arrival, a gather's end) that a rank at its own clock `t` needs
+        and `known` does not hold yet: meet the simulation's clock first, since it may come to be known before
+        then, else wait for the event (from `events`) that whoever makes it known triggers."""
+        yield from self.meet(t)
+        if key not in known:
+            yield self.event(events, key)
+
+    def mark_exposed(
+        self, rank: int, a: Action, end: float, exposed: tuple[tuple[str, float], ...], exposed_s: float
+    ) -> None:
+        """Record the exposed collectives (axis, seconds) that end action `a` at `end`, in their order."""
+        at = end - exposed_s
+        for axis, seconds in exposed:
+            self.slices.append(Slice(rank, a.stage, axis, a.microbatch, at, at + seconds, "comm"))
+            at += seconds
 
     def _prices(self) -> dict[PriceKey, Priced]:
         """Every action's cost by (kind, stage, overlapped), its seconds, and its exposed collectives in the order
         they run at its end (by axis) with their seconds."""
         prices = {}
-        for (kind, stage), plain in self.inp.costs.items():
+        for kind, stage in self.inp.costs:
             for overlap in (False, True):
-                cost = self.inp.overlap_costs.get((kind, stage), plain) if overlap else plain
+                cost = self.inp.cost_of(kind, stage, overlap)
                 axes = (("TP", cost.tp), ("CP", cost.cp), ("EP", cost.ep), ("DP", cost.dp))
                 exposed = tuple((axis, s) for axis, s in axes if s > 0)
                 prices[(kind, stage, overlap)] = (cost, cost.total, exposed, cost.tp + cost.cp + cost.ep + cost.dp)
@@ -153,12 +163,8 @@ class PipelineSim:
         """Send the message `key` (kind, the stage it feeds on another rank, microbatch) at `t` off CPU hosts; when
         it arrives. Only this rank sends on the link, one message after another in its order, so the link's queue
         is a running maximum. A receiver already waiting for it is woken then."""
-        kind, target, _ = key
         self.sent_at[key] = t
-        end = (
-            max(t, self.link_free.get((rank, dst), 0.0))
-            + self.inp.p2p_s[(target - 1 if kind == "F" else target + 1, target)]
-        )
+        end = max(t, self.link_free.get((rank, dst), 0.0)) + self.p2p_s(key)
         self.link_free[(rank, dst)] = self.arrived_at[key] = end
         if key in self.arrived:
             waiting = self.arrived[key]
@@ -168,6 +174,11 @@ class PipelineSim:
 
             self.timeout(end - self.env.now).callbacks.append(wake)
         return end
+
+    def p2p_s(self, key: tuple[str, int, int]) -> float:
+        """Seconds the message `key` (kind, the stage it feeds, microbatch) takes from the stage that sent it."""
+        kind, target, _ = key
+        return self.inp.p2p_s[(target - 1 if kind == "F" else target + 1, target)]
 
     def finish_rank(self, rank: int, times: RankTimes) -> Generator[simpy.Event, Any, None]:
         """A rank's step after its last action: the rest of its gradient reduction, the barrier, its optimizer."""

@@ -65,8 +65,8 @@ def rank_steps(
     hit = _CACHE.get(id(orders))
     if hit is not None and hit[0] is orders and hit[1] == stage_rank and hit[2] == split_w:
         return hit[3]
-    final = final_gradients(orders, split_w)
-    awaited = awaited_on_own_rank(stage_rank)
+    final = _final_gradients(orders, split_w)
+    awaited = _awaited_on_own_rank(stage_rank)
     stages = len(stage_rank)
     ranks = []
     for rank, order in enumerate(orders):
@@ -102,7 +102,7 @@ def _waits_for(a: Action, rank: int, stage_rank: Sequence[int]) -> tuple[int, Ke
     return MESSAGE, (a.kind, a.stage, a.microbatch)
 
 
-def final_gradients(orders: Sequence[Sequence[Action]], split_w: bool) -> set[int]:
+def _final_gradients(orders: Sequence[Sequence[Action]], split_w: bool) -> set[int]:
     """The last gradient action of each stage, by identity (hashing an action by its fields costs a call)."""
     kind = "W" if split_w else "B"
     last: dict[int, Action] = {}
@@ -113,7 +113,7 @@ def final_gradients(orders: Sequence[Sequence[Action]], split_w: bool) -> set[in
     return {id(a) for a in last.values()}
 
 
-def awaited_on_own_rank(stage_rank: Sequence[int]) -> set[tuple[str, int]]:
+def _awaited_on_own_rank(stage_rank: Sequence[int]) -> set[tuple[str, int]]:
     """(kind, stage) of the actions whose result the next stage takes on the same rank (the turn of a "V"), the
     only ones whose end someone waits for on their own rank."""
     last = len(stage_rank) - 1

@@ -51,6 +51,10 @@ REACH_SPAN = 8
 """Pipeline depths of microbatches whose order holds every distance `reach` finds in a longer one: each schedule's
 warm-up and cool-down span at most two depths and its steady phase repeats (tests/test_steady.py checks it)."""
 
+TAIL_WINDOWS = 2
+"""A zero-bubble short step runs this many repeating windows past the repeat seen: its cool-down reaches back less
+far than that (`_two_short_steps` checks it)."""
+
 REL_TOL = 1e-9
 """How closely the two differences must agree, relative to the figure, for the steady state to count as reached."""
 
@@ -154,7 +158,7 @@ def _watched_until_periodic(
     if _too_short(reach(inp, short[:1]) + 1, m):  # the first rank's reach: a floor under every rank's, cheaply
         return simulate(replace(inp, orders=orders_for(m)))
     window = reach(inp, short) + 1
-    tail = 2 * window  # a short step's cool-down reaches back less far than this (it is checked below)
+    tail = TAIL_WINDOWS * window
     if _too_short(window, m):
         return simulate(replace(inp, orders=orders_for(m)))
     slots = _slots(inp, short)  # microbatch 0's actions: the same in an order of any length
@@ -182,7 +186,7 @@ def _too_short(window: int, m: int) -> bool:
     """A step of `m` microbatches too short for a repeat over `window` of them to save time, even if seen at once:
     the earliest it can be seen, plus two short steps reaching a tail of two windows past it, cost m or more."""
     earliest = window + 2
-    return 2 * (earliest + 2 * window) + 1 >= m - earliest
+    return 2 * (earliest + TAIL_WINDOWS * window) + 1 >= m - earliest
 
 
 def _two_short_steps(
