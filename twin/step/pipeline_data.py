@@ -3,9 +3,10 @@ inputs, and its result — the time, where each rank's time went, and the timeli
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from functools import cached_property
+from typing import NamedTuple, overload
 
 from twin.step.host import HostSharing
 from twin.step.schedules import Action
@@ -85,6 +86,61 @@ class Slice(NamedTuple):
     track: str = "compute"
 
 
+Exposure = tuple[int, int, int, int, float, tuple[tuple[str, float], ...]]
+"""The collectives left exposed at the end of one action: (the index of the action's span among the recorded
+ones, rank, stage, microbatch, when the first starts, ((axis, seconds), ...) in the order they run)."""
+
+
+class Spans(Sequence[Slice]):
+    """A step's timeline: the spans recorded as it ran (actions, waits, the step's end), and the collectives left
+    exposed after actions, which become spans, each right after its action's, only when the timeline is first read.
+    A step at pp 128 leaves some 85,000 exposed collectives that most callers (a search, a fleet table) never read,
+    and a span costs a microsecond to make."""
+
+    def __init__(
+        self, recorded: Sequence[Slice], exposures: Sequence[Exposure] = (), tail: Sequence[Slice] = ()
+    ) -> None:
+        self.recorded = recorded
+        """The spans made as the step ran, in their order: every action's among them."""
+        self.exposures = exposures
+        self.tail = tail
+        """Spans after all the others (what the step adds past the simulated pipeline)."""
+
+    def then(self, tail: Sequence[Slice]) -> Spans:
+        """These spans with `tail` after them."""
+        return Spans(self.recorded, self.exposures, (*self.tail, *tail))
+
+    @cached_property
+    def _all(self) -> tuple[Slice, ...]:
+        return tuple(self._made())
+
+    def _made(self) -> Iterator[Slice]:
+        pending = iter(self.exposures)
+        due = next(pending, None)
+        for i, recorded in enumerate(self.recorded):
+            yield recorded
+            while due is not None and due[0] == i:
+                _, rank, stage, microbatch, at, exposed = due
+                for axis, seconds in exposed:
+                    yield Slice(rank, stage, axis, microbatch, at, at + seconds, "comm")
+                    at += seconds
+                due = next(pending, None)
+        yield from self.tail
+
+    @overload
+    def __getitem__(self, i: int) -> Slice: ...
+    @overload
+    def __getitem__(self, i: slice) -> Sequence[Slice]: ...
+    def __getitem__(self, i: int | slice) -> Slice | Sequence[Slice]:
+        return self._all[i]
+
+    def __len__(self) -> int:
+        return len(self._all)
+
+    def __iter__(self) -> Iterator[Slice]:
+        return iter(self._all)
+
+
 @dataclass
 class RankTimes:
     """Where one rank's step went (seconds)."""
@@ -121,7 +177,7 @@ class RankTimes:
 class PipelineResult:
     step_s: float
     ranks: tuple[RankTimes, ...]
-    slices: tuple[Slice, ...]
+    slices: Spans
     events: int
     """SimPy events the simulation scheduled."""
     extended_from: int | None = None

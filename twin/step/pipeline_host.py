@@ -53,7 +53,7 @@ class HostPipelineSim(PipelineSim):
     def rank(self, rank: int) -> Generator[simpy.Event, Any, None]:
         times = self.times[rank]
         steps, _ = rank_steps(self.inp.orders, self.inp.stage_rank, self.inp.split_w)[rank]
-        for a, waits, key, price, first_forward, final_grad, done, sends, to in steps:
+        for a, waits, key, price, first_forward, final_grad, done, sends, to, hop in steps:
             if waits != NO_WAIT:
                 t0 = self.env.now
                 yield self.event(self.done if waits == OWN_RANK else self.arrived, key)
@@ -82,7 +82,7 @@ class HostPipelineSim(PipelineSim):
                 self.event(self.done, done).succeed()
             if sends is not None:
                 self.sent_at[sends] = self.env.now
-                sent = self.env.process(self.transfer(rank, to, sends, self.p2p_s(sends)))
+                sent = self.env.process(self.transfer(rank, to, sends, self.inp.p2p_s[hop]))
                 if self.inp.blocking_sends:
                     t0 = self.env.now
                     yield sent

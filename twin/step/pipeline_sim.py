@@ -10,7 +10,7 @@ from typing import Any
 
 import simpy
 
-from twin.step.pipeline_data import ActionCost, PipelineInput, PipelineResult, RankTimes, Slice
+from twin.step.pipeline_data import ActionCost, Exposure, PipelineInput, PipelineResult, RankTimes, Slice, Spans
 from twin.step.pipeline_steps import MESSAGE, OWN_RANK, PriceKey, rank_steps
 from twin.step.schedules import Action
 
@@ -31,12 +31,12 @@ class PipelineSim:
         self.done_at: dict[tuple[str, int, int], float] = {}
         self.gathered_at: dict[int, float] = {}
         self.prices = self._prices()
-        self.link_free: dict[tuple[int, int], float] = {}
         self.dp_link = [simpy.Resource(self.env, capacity=1) for _ in inp.orders]
         self.gathered: dict[int, simpy.Event] = {}
         self.pending_dp: list[list[simpy.Event]] = [[] for _ in inp.orders]
         self.times = [RankTimes() for _ in inp.orders]
         self.slices: list[Slice] = []
+        self.exposures: list[Exposure] = []
         self.events = 0
         self.arrived_ranks = 0
         self.barrier = self.env.event()
@@ -71,7 +71,8 @@ class PipelineSim:
         step = max(t.end for t in self.times)
         for t in self.times:  # a rank that finishes early idles until the slowest one is done
             t.bubble += step - t.end
-        return PipelineResult(step, tuple(self.times), tuple(self.slices), self.events, arrivals=self.arrived_at)
+        spans = Spans(tuple(self.slices), tuple(self.exposures))
+        return PipelineResult(step, tuple(self.times), spans, self.events, arrivals=self.arrived_at)
 
     def rank(self, rank: int) -> Generator[simpy.Event, Any, None]:
         """A rank's actions off CPU hosts, each timed by arithmetic on the rank's own clock `t`, which runs ahead
@@ -82,13 +83,18 @@ class PipelineSim:
         What the actions cost is charged to the rank's times once per kind of action, by count."""
         times, t = self.times[rank], 0.0
         steps, counts = rank_steps(self.inp.orders, self.inp.stage_rank, self.inp.split_w)[rank]
-        slices, arrived_at, done_at, prices = self.slices, self.arrived_at, self.done_at, self.prices
-        for a, waits, key, price, first_forward, final_grad, done, sends, to in steps:
+        slices, exposures, prices = self.slices, self.exposures, self.prices
+        arrived_at, done_at, env, p2p_s = self.arrived_at, self.done_at, self.env, self.inp.p2p_s
+        link_free: dict[int, float] = {}  # by the rank each link goes to: only this rank sends on them
+        for a, waits, key, price, first_forward, final_grad, done, sends, to, hop in steps:
             if waits == OWN_RANK:  # the turn of a "V": an earlier action of this rank, ended before this one
                 t = max(t, done_at[key])
             elif waits == MESSAGE:
-                if key not in arrived_at:
-                    yield from self.until_known(arrived_at, key, t, self.arrived)
+                if key not in arrived_at:  # `until_known`, inline: a generator per wait cost 10% at pp 128
+                    if t > env.now:
+                        yield self.timeout(t - env.now)
+                    if key not in arrived_at:
+                        yield self.event(self.arrived, key)
                 at = arrived_at[key]
                 if at > t:
                     on_wire = min(at - t, at - self.sent_at[key])
@@ -107,14 +113,14 @@ class PipelineSim:
             if final_grad and self.inp.dp_stage_s.get(a.stage, 0.0) > 0:
                 self.launch_buckets(rank, a.stage, start, total)
             slices.append(Slice(rank, a.stage, a.kind, a.microbatch, start, t))
-            at = t - exposed_s  # an action's exposed collectives end it (`mark_exposed`, inline: once per action)
-            for axis, seconds in exposed:
-                slices.append(Slice(rank, a.stage, axis, a.microbatch, at, at + seconds, "comm"))
-                at += seconds
+            if exposed:  # `mark_exposed`, inline: once per action
+                exposures.append((len(slices) - 1, rank, a.stage, a.microbatch, t - exposed_s, exposed))
             if done is not None:
                 done_at[done] = t
-            if sends is not None:
-                end = self.send_at(rank, to, sends, t)
+            if sends is not None:  # its link sends one message after another in order: a running maximum
+                free = link_free.get(to, 0.0)
+                end = link_free[to] = (t if t > free else free) + p2p_s[hop]
+                self.send_at(sends, t, end)
                 if self.inp.blocking_sends:
                     times.pp += end - t
                     t = self.mark(rank, "PP", t, end, a) if end > t else t
@@ -141,11 +147,10 @@ class PipelineSim:
     def mark_exposed(
         self, rank: int, a: Action, end: float, exposed: tuple[tuple[str, float], ...], exposed_s: float
     ) -> None:
-        """Record the exposed collectives (axis, seconds) that end action `a` at `end`, in their order."""
-        at = end - exposed_s
-        for axis, seconds in exposed:
-            self.slices.append(Slice(rank, a.stage, axis, a.microbatch, at, at + seconds, "comm"))
-            at += seconds
+        """Record the exposed collectives (axis, seconds) that end action `a` at `end`, in their order, after the
+        action's span (made the last): spans only when the timeline is read (`Spans`)."""
+        if exposed:
+            self.exposures.append((len(self.slices) - 1, rank, a.stage, a.microbatch, end - exposed_s, exposed))
 
     def _prices(self) -> dict[PriceKey, Priced]:
         """Every action's cost by (kind, stage, overlapped), its seconds, and its exposed collectives in the order
@@ -159,26 +164,18 @@ class PipelineSim:
                 prices[(kind, stage, overlap)] = (cost, cost.total, exposed, cost.tp + cost.cp + cost.ep + cost.dp)
         return prices
 
-    def send_at(self, rank: int, dst: int, key: tuple[str, int, int], t: float) -> float:
-        """Send the message `key` (kind, the stage it feeds on another rank, microbatch) at `t` off CPU hosts; when
-        it arrives. Only this rank sends on the link, one message after another in its order, so the link's queue
-        is a running maximum. A receiver already waiting for it is woken then."""
+    def send_at(self, key: tuple[str, int, int], t: float, end: float) -> None:
+        """The message `key` (kind, the stage it feeds on another rank, microbatch), sent at `t` off CPU hosts,
+        arrives at `end`; a receiver already waiting for it is woken then."""
         self.sent_at[key] = t
-        end = max(t, self.link_free.get((rank, dst), 0.0)) + self.p2p_s(key)
-        self.link_free[(rank, dst)] = self.arrived_at[key] = end
-        if key in self.arrived:
-            waiting = self.arrived[key]
+        self.arrived_at[key] = end
+        waiting = self.arrived.get(key)
+        if waiting is not None:
 
             def wake(_: simpy.Event) -> None:
                 waiting.succeed()
 
             self.timeout(end - self.env.now).callbacks.append(wake)
-        return end
-
-    def p2p_s(self, key: tuple[str, int, int]) -> float:
-        """Seconds the message `key` (kind, the stage it feeds, microbatch) takes from the stage that sent it."""
-        kind, target, _ = key
-        return self.inp.p2p_s[(target - 1 if kind == "F" else target + 1, target)]
 
     def finish_rank(self, rank: int, times: RankTimes) -> Generator[simpy.Event, Any, None]:
         """A rank's step after its last action: the rest of its gradient reduction, the barrier, its optimizer."""

@@ -45,6 +45,8 @@ class Step(NamedTuple):
     """The message it sends to a stage on another rank."""
     to: int
     """The rank that message goes to (-1: none)."""
+    hop: tuple[int, int]
+    """The message's (sending stage, stage it feeds): its link time is PipelineInput.p2p_s[hop] ((-1, -1): none)."""
 
 
 class RankSteps(NamedTuple):
@@ -80,8 +82,9 @@ def rank_steps(
             sends = (a.kind, target, a.microbatch) if target is not None and stage_rank[target] != rank else None
             done = (a.kind, a.stage, a.microbatch) if (a.kind, a.stage) in awaited else None
             to = stage_rank[target] if sends is not None and target is not None else -1
+            hop = (a.stage, target) if sends is not None and target is not None else (-1, -1)
             price = (a.kind, a.stage, a.overlap)
-            steps.append(Step(a, waits, key, price, first, id(a) in final, done, sends, to))
+            steps.append(Step(a, waits, key, price, first, id(a) in final, done, sends, to, hop))
         ranks.append(RankSteps(tuple(steps), dict(Counter(s.price for s in steps))))
     if len(_CACHE) >= _CACHED:
         _CACHE.pop(next(iter(_CACHE)))

@@ -39,7 +39,7 @@ from twin.step.kernels import PassCost, head_cost
 from twin.step.memory import MemoryBreakdown, rank_breakdowns, stage_layer_ranges, stage_params
 from twin.step.memory import activation_bytes as layer_activation_bytes
 from twin.step.pipeline import no_cycle_collection, simulate
-from twin.step.pipeline_data import PipelineInput, PipelineResult, Slice
+from twin.step.pipeline_data import PipelineInput, PipelineResult, Slice, Spans
 from twin.step.steady import simulate_extended
 
 
@@ -77,7 +77,7 @@ class StepPrediction:
     microbatches_simulated: int
     """Microbatches per replica the simulation ran: the plan's own, or fewer where a long step's steady state was
     extended to it (twin/step/steady.py); the timeline holds these."""
-    slices: tuple[Slice, ...] = field(repr=False)
+    slices: Spans = field(repr=False)
     """The simulated spans, as `timeline` lists them."""
     pp: int = field(repr=False)
     """Pipeline ranks: a stage's model chunk (virtual stage) is its number over this."""
@@ -103,7 +103,7 @@ class StepPrediction:
         ]
 
     def to_json(self, timeline: bool = False) -> dict[str, Any]:
-        out = asdict(replace(self, slices=()))
+        out = asdict(replace(self, slices=Spans(())))
         del out["slices"], out["pp"]
         if timeline:
             out["timeline"] = self.timeline
@@ -193,7 +193,7 @@ def _summarise(
     plan, cluster, lay = ctx.plan, ctx.cluster, ctx.plan.layout
     critical = max(range(len(result.ranks)), key=lambda r: (result.ranks[r].end, -r))
     rt = result.ranks[critical]
-    first_forward = next(s.end - s.start for s in result.slices if s.rank == 0 and s.kind == "F")
+    first_forward = next(s.end - s.start for s in result.slices.recorded if s.rank == 0 and s.kind == "F")
     if ctx.stack.dp_overlap_for(lay.pp) == "grad+param":  # overlaps the next step's first forward
         gather_exposed = max(0.0, param_gather - first_forward)
     else:
@@ -248,7 +248,7 @@ def _summarise(
         gpu_hours=days * 24 * lay.world_size,
         events=result.events,
         microbatches_simulated=result.extended_from or plan.num_microbatches,
-        slices=result.slices + _step_tail(result, gather_exposed, straggle, data_wait),
+        slices=result.slices.then(_step_tail(result, gather_exposed, straggle, data_wait)),
         pp=lay.pp,
         stage_phases_s=[r.phases() for r in result.ranks],
     )

@@ -279,7 +279,7 @@ def _fill(
 
 def _table(slots: Mapping[tuple[str, int, int], int], result: PipelineResult, n: int) -> np.ndarray:
     table = np.full((len(slots), n), np.nan)
-    _fill(table, slots, result.slices, result.arrivals.items())
+    _fill(table, slots, result.slices.recorded, result.arrivals.items())
     return table
 
 
