@@ -86,9 +86,11 @@ class PipelineSim:
         slices, exposures, prices = self.slices, self.exposures, self.prices
         arrived_at, done_at, env, p2p_s = self.arrived_at, self.done_at, self.env, self.inp.p2p_s
         link_free: dict[int, float] = {}  # by the rank each link goes to: only this rank sends on them
+        new = tuple.__new__  # a span made straight from its fields: Slice(...) calls a Python-level __new__
         for a, waits, key, price, first_forward, final_grad, done, sends, to, hop in steps:
             if waits == OWN_RANK:  # the turn of a "V": an earlier action of this rank, ended before this one
-                t = max(t, done_at[key])
+                at = done_at[key]
+                t = at if at > t else t
             elif waits == MESSAGE:
                 if key not in arrived_at:  # `until_known`, inline: a generator per wait cost 10% at pp 128
                     if t > env.now:
@@ -100,7 +102,9 @@ class PipelineSim:
                     on_wire = min(at - t, at - self.sent_at[key])
                     times.pp += on_wire
                     times.bubble += at - t - on_wire
-                    t = self.mark(rank, "PP", at - on_wire, at, a)
+                    if on_wire > 0:  # `mark`, inline
+                        slices.append(new(Slice, (rank, a.stage, "PP", a.microbatch, at - on_wire, at, "comm")))
+                    t = at
             if first_forward and self.gathered:
                 if a.stage not in self.gathered_at:
                     yield from self.until_known(self.gathered_at, a.stage, t, self.gathered)
@@ -112,7 +116,7 @@ class PipelineSim:
             start, t = t, t + total
             if final_grad and self.inp.dp_stage_s.get(a.stage, 0.0) > 0:
                 self.launch_buckets(rank, a.stage, start, total)
-            slices.append(Slice(rank, a.stage, a.kind, a.microbatch, start, t))
+            slices.append(new(Slice, (rank, a.stage, a.kind, a.microbatch, start, t, "compute")))
             if exposed:  # `mark_exposed`, inline: once per action
                 exposures.append((len(slices) - 1, rank, a.stage, a.microbatch, t - exposed_s, exposed))
             if done is not None:
