@@ -29,9 +29,11 @@ class Limits:
     """Nesting depth of one YAML file (sections in sections; a plan needs 4)."""
     layers: int = 10_000
     """Model layers the step model walks (the largest published models have about 130)."""
-    step_actions: int = 50_000
+    step_actions: int = 200_000
     """Pipeline actions one command simulates: pp · virtual_stages · microbatches · passes (F, B and, for the
-    zero-bubble schedules, W) per simulated step; the presets need at most 11,520."""
+    zero-bubble schedules, W) per simulated step; the presets need at most 11,520, the whole 385k-GPU fleet's
+    pp-128 layout 63,744. A GPU step times about a million actions a second (twin/step/pipeline_levels.py), a
+    CPU host's some 50,000."""
     run_interruptions: int = 20_000
     """Failures, slow nodes and maintenance one simulated run may draw (reference-100k draws about 4,300; the
     1T model's ~950-day run on tpu-v4-pods about 5,500)."""

@@ -7,6 +7,7 @@ from dataclasses import fields, replace
 
 import pytest
 
+from twin.step import pipeline_sim
 from twin.step.host import HostSharing
 from twin.step.pipeline import simulate
 from twin.step.pipeline_data import ActionCost, PipelineInput, PipelineResult, RankTimes
@@ -113,13 +114,17 @@ def test_dp_reduction_overlaps_the_last_backward() -> None:
 
 @pytest.mark.parametrize("name,v", SCHEDULES)
 @pytest.mark.parametrize("blocking", [False, True])
+@pytest.mark.parametrize("levels", [False, True])
 def test_a_gpu_rank_running_ahead_of_the_clock_times_the_step_as_event_by_event(
-    name: str, v: int, blocking: bool
+    name: str, v: int, blocking: bool, levels: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A GPU rank's process times its actions on its own clock (twin/step/pipeline_sim.py); a CPU host's runs every
-    action as a SimPy event (pipeline_host.py). On a host that never shares a core (a core per process, no wake-up
-    latency) the two model the same step: uneven stages, exposed TP inside actions, slow point-to-point sends that
-    queue on their link, bucketed DP reduction, a ZeRO-3 gather and an optimizer per rank."""
+    """A GPU rank's actions are timed by arithmetic on its own clock, action by action in the schedule's
+    dependency order or, for a deep pipeline, a level of the dependency graph at a time with numpy
+    (twin/step/pipeline_sim.py, pipeline_levels.py); a CPU host's run every action as a SimPy event
+    (pipeline_host.py). On a host that never shares a core (a core per process, no wake-up latency) they model
+    the same step: uneven stages, exposed TP inside actions, slow point-to-point sends that queue on their link,
+    bucketed DP reduction, a ZeRO-3 gather and an optimizer per rank."""
+    monkeypatch.setattr(pipeline_sim, "LEVELS_FROM_RANKS", 1 if levels else 10**9)
     p, m = 4, 11
     orders = build(name, p, v, m)
     stages, split = p * v, splits_weight_grad(name)
@@ -145,6 +150,7 @@ def test_a_gpu_rank_running_ahead_of_the_clock_times_the_step_as_event_by_event(
     assert _spans(ahead) == _spans(each)
     assert ahead.arrivals == pytest.approx(dict(each.arrivals), rel=1e-12)
     assert ahead.events < each.events / 2
+    assert ahead.slices.first(0, "F") == each.slices.first(0, "F")
 
 
 def _spans(result: PipelineResult) -> list[tuple[int, int, str, int, float, float, str]]:

@@ -3,6 +3,7 @@ inputs, and its result — the time, where each rank's time went, and the timeli
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -98,17 +99,31 @@ class Spans(Sequence[Slice]):
     and a span costs a microsecond to make."""
 
     def __init__(
-        self, recorded: Sequence[Slice], exposures: Sequence[Exposure] = (), tail: Sequence[Slice] = ()
+        self, recorded: Sequence[Slice] = (), exposures: Sequence[Exposure] = (), tail: Sequence[Slice] = ()
     ) -> None:
-        self.recorded = recorded
-        """The spans made as the step ran, in their order: every action's among them."""
-        self.exposures = exposures
+        self._recorded, self._exposures = recorded, exposures
         self.tail = tail
         """Spans after all the others (what the step adds past the simulated pipeline)."""
 
+    @property
+    def recorded(self) -> Sequence[Slice]:
+        """The spans made as the step ran, in their order: every action's among them."""
+        return self._recorded
+
+    @property
+    def exposures(self) -> Sequence[Exposure]:
+        return self._exposures
+
+    def first(self, rank: int, kind: str) -> Slice:
+        """The first span of `kind` on `rank` (its first forward, say)."""
+        return next(s for s in self.recorded if s.rank == rank and s.kind == kind)
+
     def then(self, tail: Sequence[Slice]) -> Spans:
         """These spans with `tail` after them."""
-        return Spans(self.recorded, self.exposures, (*self.tail, *tail))
+        out = copy.copy(self)
+        out.tail = (*self.tail, *tail)
+        out.__dict__.pop("_all", None)
+        return out
 
     @cached_property
     def _all(self) -> tuple[Slice, ...]:

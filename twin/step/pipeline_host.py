@@ -29,6 +29,25 @@ class HostPipelineSim(PipelineSim):
         n_pools = -(-len(inp.orders) // inp.host.ranks_per_pool)
         self.pools = [SharedCores(self.env, inp.host.cores, inp.host.weight) for _ in range(n_pools)]
 
+    def start(self) -> None:
+        """A process per rank, and per rank's ZeRO-3 gathers."""
+        for stage in self.inp.gather_stage_s:
+            self.event(self.gathered, stage)
+        for rank in range(len(self.inp.orders)):
+            if self.inp.gather_stage_s:
+                self.env.process(self.gather(rank))
+            self.env.process(self.rank(rank))
+
+    def advance(self, seconds: float) -> bool:
+        """Simulate `seconds` more; False once the step is over (nothing left to happen)."""
+        if self.env.peek() == float("inf"):
+            return False
+        self.env.run(until=self.env.now + seconds)
+        return self.env.peek() != float("inf")
+
+    def run(self) -> None:
+        self.env.run()
+
     def work(self, rank: int, seconds: float) -> simpy.Event:
         """`seconds` of a rank's work at full speed, shared with the busy ranks of its node."""
         if seconds <= 0:

@@ -1,6 +1,7 @@
-"""The simulation of one pipeline step (twin/step/pipeline.py says what it models): the state every rank's
-process shares, and a GPU rank's process, which times its actions by arithmetic on its own clock and meets
-SimPy's only to wait for a message not yet sent. A CPU host's ranks share cores, so theirs run event by event
+"""The simulation of one pipeline step (twin/step/pipeline.py says what it models): the state every rank shares,
+and a GPU rank's actions timed by arithmetic on its own clock in the schedule's dependency order (a deep
+pipeline's a level at a time, pipeline_levels.py), with SimPy running what contends after them: gradient buckets
+on each rank's DP link, the barrier, the optimizer. A CPU host's ranks share cores, so theirs run event by event
 (twin/step/pipeline_host.py)."""
 
 from __future__ import annotations
@@ -8,19 +9,33 @@ from __future__ import annotations
 from collections.abc import Generator, Mapping
 from typing import Any
 
+import numpy as np
 import simpy
 
 from twin.step.pipeline_data import ActionCost, Exposure, PipelineInput, PipelineResult, RankTimes, Slice, Spans
-from twin.step.pipeline_steps import MESSAGE, OWN_RANK, PriceKey, rank_steps
+from twin.step.pipeline_levels import Arrivals, LevelSpans, Timed, graph_of, rank_waits, time_graph
+from twin.step.pipeline_steps import MESSAGE, OWN_RANK, PriceKey, schedule_steps
 from twin.step.schedules import Action
+
+LEVELS_FROM_RANKS = 4
+"""Pipeline ranks from which a GPU step is timed a level at a time (`PipelineSim.by_levels`)."""
+
+
+def levels_pay(inp: PipelineInput) -> bool:
+    """Whether a GPU step's whole pipeline is better timed a level at a time than action by action: from
+    LEVELS_FROM_RANKS ranks, where a level holds enough actions for numpy's per-call cost to pay (measured on the
+    presets and Narayanan et al.'s rows: equal at pp 1-2, 1.2-1.6x faster from pp 4, 5x at pp 64-128)."""
+    return inp.host is None and len(inp.orders) >= LEVELS_FROM_RANKS
+
 
 Priced = tuple[ActionCost, float, tuple[tuple[str, float], ...], float]
 """An action's cost, its seconds, and its exposed collectives (axis, seconds) and their seconds."""
 
 
 class PipelineSim:
-    """One step: a SimPy process per pipeline rank (`rank`), a process per gradient bucket and per ZeRO-3 gather,
-    and the barrier they all join."""
+    """One step: each GPU rank's actions timed in dependency order (`evaluate`, `evaluate_levels`), then a SimPy
+    process per rank for its step's end (`finish`), per gradient bucket, and the barrier they all join. A CPU
+    host's step (HostPipelineSim) runs a process per rank and per rank's ZeRO-3 gathers."""
 
     def __init__(self, inp: PipelineInput) -> None:
         self.inp = inp
@@ -37,6 +52,8 @@ class PipelineSim:
         self.times = [RankTimes() for _ in inp.orders]
         self.slices: list[Slice] = []
         self.exposures: list[Exposure] = []
+        self.timed: Timed | None = None
+        """A deep pipeline's actions as timed a level at a time (`evaluate_levels`)."""
         self.events = 0
         self.arrived_ranks = 0
         self.barrier = self.env.event()
@@ -60,93 +77,156 @@ class PipelineSim:
         return self.env.timeout(max(0.0, seconds))
 
     def start(self) -> None:
-        for stage in self.inp.gather_stage_s:
-            self.event(self.gathered, stage)
+        """Set the step up: off CPU hosts, the ZeRO-3 gathers' times (each rank gathers its stages one after
+        another on its DP link, in the order it first runs them, before any gradient bucket is ready) and the
+        order to time the ranks' steps in."""
+        self.schedule = schedule_steps(self.inp.orders, self.inp.stage_rank, self.inp.split_w)
+        self.clock = [0.0] * len(self.inp.orders)
+        self.link_free: list[dict[int, float]] = [{} for _ in self.inp.orders]
+        self.next_run, self.horizon = 0, 0.0
+        for rank in range(len(self.inp.orders)) if self.inp.gather_stage_s else ():
+            t = 0.0
+            for stage in self.stages_in_order(rank):
+                t = self.gathered_at[stage] = t + max(0.0, self.inp.gather_stage_s.get(stage, 0.0))
+
+    def stages_in_order(self, rank: int) -> list[int]:
+        """The stages a rank holds, in the order it first runs them (the order it gathers them in)."""
+        return list(dict.fromkeys(a.stage for a in self.inp.orders[rank]))
+
+    def by_levels(self) -> bool:
+        """Whether `run` times the whole step a level at a time (pipeline_levels.py) rather than action by action:
+        for pipelines of LEVELS_FROM_RANKS ranks and more (`levels_pay`), unless it is being watched (`advance`)."""
+        return levels_pay(self.inp) and self.next_run == 0 and self.timed is None
+
+    def advance(self, seconds: float) -> bool:
+        """Time the ranks' steps for `seconds` more of the step, action by action: the runs of the dependency
+        order up to the first that starts past it (a caller watching a long step looks at them as they come,
+        twin/step/steady.py); False once every step is timed."""
+        self.horizon += seconds
+        self.evaluate(self.horizon)
+        return self.next_run < len(self.schedule.order)
+
+    def run(self) -> None:
+        """Time every step, then simulate what follows each rank's last: its gradient buckets' reduction, the
+        barrier and its optimizer."""
+        if self.by_levels():
+            self.evaluate_levels()
+        self.evaluate(float("inf"))
         for rank in range(len(self.inp.orders)):
-            if self.inp.gather_stage_s:
-                self.env.process(self.gather(rank))
-            self.env.process(self.rank(rank))
+            self.env.process(self.finish(rank))
+        self.env.run()
 
     def result(self) -> PipelineResult:
         step = max(t.end for t in self.times)
         for t in self.times:  # a rank that finishes early idles until the slowest one is done
             t.bubble += step - t.end
-        spans = Spans(tuple(self.slices), tuple(self.exposures))
-        return PipelineResult(step, tuple(self.times), spans, self.events, arrivals=self.arrived_at)
+        if self.timed is not None:
+            spans: Spans = LevelSpans(self.timed, self.prices, self.inp.blocking_sends, tuple(self.slices))
+            arrivals: Mapping[tuple[str, int, int], float] = Arrivals(self.timed)
+        else:
+            spans, arrivals = Spans(tuple(self.slices), tuple(self.exposures)), self.arrived_at
+        return PipelineResult(step, tuple(self.times), spans, self.events, arrivals=arrivals)
 
-    def rank(self, rank: int) -> Generator[simpy.Event, Any, None]:
-        """A rank's actions off CPU hosts, each timed by arithmetic on the rank's own clock `t`, which runs ahead
-        of the simulation's: nothing else shares a GPU rank or its outgoing links, so an action starts when the
-        previous one ends or when what it needs arrives, whichever is later, and a message arrives when its link
-        is free after the send. The process meets the simulation's clock only where it needs a message not yet
-        sent, waiting there for the event its sender triggers: a few events per microbatch, not a few per action.
-        What the actions cost is charged to the rank's times once per kind of action, by count."""
-        times, t = self.times[rank], 0.0
-        steps, counts = rank_steps(self.inp.orders, self.inp.stage_rank, self.inp.split_w)[rank]
-        slices, exposures, prices = self.slices, self.exposures, self.prices
-        arrived_at, done_at, env, p2p_s = self.arrived_at, self.done_at, self.env, self.inp.p2p_s
-        link_free: dict[int, float] = {}  # by the rank each link goes to: only this rank sends on them
+    def evaluate_levels(self) -> None:
+        """Time every action a level at a time (pipeline_levels.time_graph): the same times `evaluate` gives."""
+        g = graph_of(self.schedule)
+        blocking = self.inp.blocking_sends
+        total = np.array([self.prices[p][1] for p in g.prices])
+        p2p = np.array([self.inp.p2p_s[h] for h in g.hops], dtype=float)
+        gathered = None
+        if self.gathered_at:
+            gathered = np.array([self.gathered_at[g.steps[i].action.stage] for i in g.first_forward], dtype=float)
+        timed = time_graph(g, total, p2p, gathered, blocking)
+        waits = rank_waits(timed, len(self.times), blocking)
+        for rank, times in enumerate(self.times):
+            times.pp += float(waits["pp"][rank])
+            times.bubble += float(waits["bubble"][rank])
+            times.dp += float(waits["dp"][rank])
+        for i in g.final_grad.tolist():
+            a = g.steps[i].action
+            if self.inp.dp_stage_s.get(a.stage, 0.0) > 0:
+                self.launch_buckets(int(g.rank[i]), a.stage, float(timed.start[i]), float(total[g.price[i]]))
+        for rank, i in enumerate(g.last.tolist()):
+            sent = g.sends[i]
+            end = float(timed.end[i])
+            self.clock[rank] = max(end, float(timed.arrival[sent])) if blocking and sent >= 0 else end
+        self.timed = timed
+        self.next_run = len(self.schedule.order)
+
+    def evaluate(self, horizon: float) -> None:
+        """Time the runs of each rank's steps in the schedule's dependency order (pipeline_steps.dependency_order),
+        stopping before the first run that starts at or past `horizon`, by arithmetic on each rank's own clock.
+        Nothing but its own actions shares a GPU rank or the links it sends on, so an action starts when the
+        previous one ends or when what it needs arrives, whichever is later, and a message arrives when its
+        link is free after the send; the order has every message sent before a step waits for it. SimPy runs
+        only what contends: each rank's gradient buckets on its DP link, the barrier, the optimizer
+        (`finish`). What the actions cost is charged to the rank's times once per kind of action, by count.
+
+        Hand-written rather than a SimPy process per rank: a process must yield to the simulation each time it
+        needs a message its sender has not computed yet, and at pp 128 those meetings (an event each, about
+        5 us) cost more than timing the actions; the CPU host's event-by-event step (pipeline_host.py), which
+        tests/test_pipeline.py holds this one equal to, is the reference."""
+        order, ranks = self.schedule.order, self.schedule.ranks
+        slices, exposures, prices, gathered_at = self.slices, self.exposures, self.prices, self.gathered_at
+        arrived_at, done_at, sent_at, p2p_s = self.arrived_at, self.done_at, self.sent_at, self.inp.p2p_s
+        blocking, reduced = self.inp.blocking_sends, self.inp.dp_stage_s
         new = tuple.__new__  # a span made straight from its fields: Slice(...) calls a Python-level __new__
-        for a, waits, key, price, first_forward, final_grad, done, sends, to, hop in steps:
-            if waits == OWN_RANK:  # the turn of a "V": an earlier action of this rank, ended before this one
-                at = done_at[key]
-                t = at if at > t else t
-            elif waits == MESSAGE:
-                if key not in arrived_at:  # `until_known`, inline: a generator per wait cost 10% at pp 128
-                    if t > env.now:
-                        yield self.timeout(t - env.now)
-                    if key not in arrived_at:
-                        yield self.event(self.arrived, key)
-                at = arrived_at[key]
-                if at > t:
-                    on_wire = min(at - t, at - self.sent_at[key])
-                    times.pp += on_wire
-                    times.bubble += at - t - on_wire
-                    if on_wire > 0:  # `mark`, inline
-                        slices.append(new(Slice, (rank, a.stage, "PP", a.microbatch, at - on_wire, at, "comm")))
-                    t = at
-            if first_forward and self.gathered:
-                if a.stage not in self.gathered_at:
-                    yield from self.until_known(self.gathered_at, a.stage, t, self.gathered)
-                at = self.gathered_at[a.stage]
-                if at > t:
-                    times.dp += at - t
-                    t = self.mark(rank, "DP", t, at, a)
-            _, total, exposed, exposed_s = prices[price]
-            start, t = t, t + total
-            if final_grad and self.inp.dp_stage_s.get(a.stage, 0.0) > 0:
-                self.launch_buckets(rank, a.stage, start, total)
-            slices.append(new(Slice, (rank, a.stage, a.kind, a.microbatch, start, t, "compute")))
-            if exposed:  # `mark_exposed`, inline: once per action
-                exposures.append((len(slices) - 1, rank, a.stage, a.microbatch, t - exposed_s, exposed))
-            if done is not None:
-                done_at[done] = t
-            if sends is not None:  # its link sends one message after another in order: a running maximum
-                free = link_free.get(to, 0.0)
-                end = link_free[to] = (t if t > free else free) + p2p_s[hop]
-                self.send_at(sends, t, end)
-                if self.inp.blocking_sends:
-                    times.pp += end - t
-                    t = self.mark(rank, "PP", t, end, a) if end > t else t
-        for price, n in counts.items():
-            self.charge(times, price[0] == "F", prices[price][0], n)
-        yield from self.meet(t)
+        while self.next_run < len(order):
+            rank, first, stop = order[self.next_run]
+            t = self.clock[rank]
+            if t >= horizon:
+                return
+            self.next_run += 1
+            times, links = self.times[rank], self.link_free[rank]
+            for a, waits, key, price, first_forward, final_grad, done, sends, to, hop in ranks[rank].steps[first:stop]:
+                if waits == OWN_RANK:  # the turn of a "V": an earlier action of this rank, ended before this one
+                    at = done_at[key]
+                    t = at if at > t else t
+                elif waits == MESSAGE:
+                    at = arrived_at[key]
+                    if at > t:
+                        on_wire = min(at - t, at - sent_at[key])
+                        times.pp += on_wire
+                        times.bubble += at - t - on_wire
+                        if on_wire > 0:  # `mark`, inline
+                            slices.append(new(Slice, (rank, a.stage, "PP", a.microbatch, at - on_wire, at, "comm")))
+                        t = at
+                if first_forward and gathered_at:
+                    at = gathered_at[a.stage]
+                    if at > t:
+                        times.dp += at - t
+                        t = self.mark(rank, "DP", t, at, a)
+                _, total, exposed, exposed_s = prices[price]
+                start, t = t, t + total
+                if final_grad and reduced.get(a.stage, 0.0) > 0:
+                    self.launch_buckets(rank, a.stage, start, total)
+                slices.append(new(Slice, (rank, a.stage, a.kind, a.microbatch, start, t, "compute")))
+                if exposed:  # `mark_exposed`, inline: once per action
+                    exposures.append((len(slices) - 1, rank, a.stage, a.microbatch, t - exposed_s, exposed))
+                if done is not None:
+                    done_at[done] = t
+                if sends is not None:  # its link sends one message after another in order: a running maximum
+                    free = links.get(to, 0.0)
+                    end = links[to] = (t if t > free else free) + p2p_s[hop]
+                    sent_at[sends], arrived_at[sends] = t, end
+                    if blocking:
+                        times.pp += end - t
+                        t = self.mark(rank, "PP", t, end, a) if end > t else t
+            self.clock[rank] = t
+
+    def finish(self, rank: int) -> Generator[simpy.Event, Any, None]:
+        """A GPU rank's step after its actions are timed: their costs charged, then from its last action's end
+        on (`finish_rank`)."""
+        times = self.times[rank]
+        for price, n in self.schedule.ranks[rank].counts.items():
+            self.charge(times, price[0] == "F", self.prices[price][0], n)
+        yield from self.meet(self.clock[rank])
         yield from self.finish_rank(rank, times)
 
     def meet(self, t: float) -> Generator[simpy.Event, Any, None]:
         """Bring the simulation's clock to a rank's own clock `t`."""
         if t > self.env.now:
             yield self.timeout(t - self.env.now)
-
-    def until_known(
-        self, known: Mapping[Any, float], key: Any, t: float, events: dict[Any, simpy.Event]
-    ) -> Generator[simpy.Event, Any, None]:
-        """Wait for the time of `key` (a message's arrival, a gather's end) that a rank at its own clock `t` needs
-        and `known` does not hold yet: meet the simulation's clock first, since it may come to be known before
-        then, else wait for the event (from `events`) that whoever makes it known triggers."""
-        yield from self.meet(t)
-        if key not in known:
-            yield self.event(events, key)
 
     def mark_exposed(
         self, rank: int, a: Action, end: float, exposed: tuple[tuple[str, float], ...], exposed_s: float
@@ -167,19 +247,6 @@ class PipelineSim:
                 exposed = tuple((axis, s) for axis, s in axes if s > 0)
                 prices[(kind, stage, overlap)] = (cost, cost.total, exposed, cost.tp + cost.cp + cost.ep + cost.dp)
         return prices
-
-    def send_at(self, key: tuple[str, int, int], t: float, end: float) -> None:
-        """The message `key` (kind, the stage it feeds on another rank, microbatch), sent at `t` off CPU hosts,
-        arrives at `end`; a receiver already waiting for it is woken then."""
-        self.sent_at[key] = t
-        self.arrived_at[key] = end
-        waiting = self.arrived.get(key)
-        if waiting is not None:
-
-            def wake(_: simpy.Event) -> None:
-                waiting.succeed()
-
-            self.timeout(end - self.env.now).callbacks.append(wake)
 
     def finish_rank(self, rank: int, times: RankTimes) -> Generator[simpy.Event, Any, None]:
         """A rank's step after its last action: the rest of its gradient reduction, the barrier, its optimizer."""
@@ -258,11 +325,8 @@ class PipelineSim:
         done.succeed()
 
     def gather(self, rank: int) -> Generator[Any, Any, None]:
-        stages = sorted(
-            {a.stage for a in self.inp.orders[rank]},
-            key=lambda s: next(i for i, a in enumerate(self.inp.orders[rank]) if a.stage == s),
-        )
-        for stage in stages:
+        """A CPU host rank's ZeRO-3 gathers, one stage after another on its DP link (`start` times a GPU rank's)."""
+        for stage in self.stages_in_order(rank):
             ev = self.gathered[stage]
             with self.dp_link[rank].request() as req:
                 yield req

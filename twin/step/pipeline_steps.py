@@ -10,7 +10,7 @@ while hashing its tens of thousands of actions for an lru_cache would cost what 
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Sequence
 from typing import NamedTuple
 
@@ -55,7 +55,28 @@ class RankSteps(NamedTuple):
     """How many of the rank's actions have each price: what they cost in all is charged once per price."""
 
 
-_CACHE: dict[int, tuple[object, tuple[int, ...], bool, tuple[RankSteps, ...]]] = {}
+Segment = tuple[int, int, int]
+"""(rank, first, stop): a run of one rank's steps, `steps[first:stop]`."""
+
+
+class Schedule:
+    """A schedule's steps by rank, and an order to time them in."""
+
+    __slots__ = ("graph", "order", "ranks")
+
+    def __init__(self, ranks: tuple[RankSteps, ...], order: tuple[Segment, ...]) -> None:
+        self.ranks = ranks
+        self.order = order
+        """Every rank's steps in runs, in an order where each message is sent in an earlier run than the one
+        whose first step waits for it (`dependency_order`)."""
+        self.graph: object | None = None
+        """The arrays twin/step/pipeline_levels.py times a deep pipeline's step with, kept here once built."""
+
+    def keep_graph(self, graph: object) -> None:
+        self.graph = graph
+
+
+_CACHE: dict[int, tuple[object, tuple[int, ...], bool, Schedule]] = {}
 _CACHED = 16
 """Schedules whose steps are kept: a pp-128 step of 166 microbatches holds 18 MB of them."""
 
@@ -64,6 +85,11 @@ def rank_steps(
     orders: tuple[tuple[Action, ...], ...], stage_rank: tuple[int, ...], split_w: bool
 ) -> tuple[RankSteps, ...]:
     """Every rank's steps, from the orders of one schedule (kept by the orders' identity: see the module)."""
+    return schedule_steps(orders, stage_rank, split_w).ranks
+
+
+def schedule_steps(orders: tuple[tuple[Action, ...], ...], stage_rank: tuple[int, ...], split_w: bool) -> Schedule:
+    """Every rank's steps and the order to time them in (kept by the orders' identity: see the module)."""
     hit = _CACHE.get(id(orders))
     if hit is not None and hit[0] is orders and hit[1] == stage_rank and hit[2] == split_w:
         return hit[3]
@@ -86,10 +112,48 @@ def rank_steps(
             price = (a.kind, a.stage, a.overlap)
             steps.append(Step(a, waits, key, price, first, id(a) in final, done, sends, to, hop))
         ranks.append(RankSteps(tuple(steps), dict(Counter(s.price for s in steps))))
+    schedule = Schedule(tuple(ranks), dependency_order(ranks))
     if len(_CACHE) >= _CACHED:
         _CACHE.pop(next(iter(_CACHE)))
-    _CACHE[id(orders)] = (orders, stage_rank, split_w, tuple(ranks))
-    return tuple(ranks)
+    _CACHE[id(orders)] = (orders, stage_rank, split_w, schedule)
+    return schedule
+
+
+def dependency_order(ranks: Sequence[RankSteps]) -> tuple[Segment, ...]:
+    """Each rank's steps in runs that stop where a step waits for a message not sent yet, in an order where every
+    message is sent before it is waited for: each rank runs as far as it can, then waits (first come, first
+    served) for the run that sends what it needs. Timing the runs in this order times every step after all it
+    depends on, which is all a GPU rank's step needs (pipeline_sim.PipelineSim.evaluate). A step never waits for
+    a later one of its own rank, so only messages can hold a rank up.
+
+    Hand-written: a topological order of the step's dependency graph, found by walking the ranks' orders as they
+    would run; building the graph for networkx would cost more than walking it."""
+    position = [0] * len(ranks)
+    sent: set[Key] = set()
+    waiting: dict[Key, list[int]] = {}
+    runnable = deque(range(len(ranks)))
+    order: list[Segment] = []
+    while runnable:
+        rank = runnable.popleft()
+        steps = ranks[rank].steps
+        first = i = position[rank]
+        while i < len(steps):
+            step = steps[i]
+            if step.waits == MESSAGE and step.key not in sent:
+                waiting.setdefault(step.key, []).append(rank)
+                break
+            if step.sends is not None:
+                sent.add(step.sends)
+                runnable.extend(waiting.pop(step.sends, ()))
+            i += 1
+        if i > first:
+            order.append((rank, first, i))
+        position[rank] = i
+    stuck = [r for r, rank in enumerate(ranks) if position[r] < len(rank.steps)]
+    if stuck:  # a schedule's orders that wait in a circle: a bug in schedules.py, not in the plan
+        step = ranks[stuck[0]].steps[position[stuck[0]]]
+        raise RuntimeError(f"pipeline schedule deadlocks: rank {stuck[0]} waits for {step.key}, which is never sent")
+    return tuple(order)
 
 
 def _waits_for(a: Action, rank: int, stage_rank: Sequence[int]) -> tuple[int, Key]:

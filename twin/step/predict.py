@@ -193,7 +193,8 @@ def _summarise(
     plan, cluster, lay = ctx.plan, ctx.cluster, ctx.plan.layout
     critical = max(range(len(result.ranks)), key=lambda r: (result.ranks[r].end, -r))
     rt = result.ranks[critical]
-    first_forward = next(s.end - s.start for s in result.slices.recorded if s.rank == 0 and s.kind == "F")
+    first = result.slices.first(0, "F")
+    first_forward = first.end - first.start
     if ctx.stack.dp_overlap_for(lay.pp) == "grad+param":  # overlaps the next step's first forward
         gather_exposed = max(0.0, param_gather - first_forward)
     else:

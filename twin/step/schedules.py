@@ -303,8 +303,15 @@ def peak_live_per_rank(
     holds all m, a multiple of what it holds for fewer (tests/test_steady.py holds both equal to the full
     order's)."""
     short = 4 * pp
-    if m > short:
-        orders = build(schedule, pp, v, short)
-        scale = m / short if schedule in GROWING else 1.0
-        return [peak_live(order, weight, kept_for_w) * scale for order in orders]
-    return [peak_live(order, weight, kept_for_w) for order in build(schedule, pp, v, m)]
+    scale = m / short if m > short and schedule in GROWING else 1.0
+    peaks = _peaks(schedule, pp, v, min(m, short), tuple(weight.items()), kept_for_w)
+    return [peak * scale for peak in peaks]
+
+
+@lru_cache(maxsize=256)
+def _peaks(
+    schedule: str, pp: int, v: int, m: int, weight: tuple[tuple[int, float], ...], kept_for_w: float
+) -> tuple[float, ...]:
+    """`peak_live` of each rank's order, kept: a search asks it of the same schedule and stages again and again,
+    and at pp 64 walking the orders costs 20 ms."""
+    return tuple(peak_live(order, dict(weight), kept_for_w) for order in build(schedule, pp, v, m))
