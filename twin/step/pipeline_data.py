@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import NamedTuple, overload
 
+import numpy as np
+
 from twin.step.host import HostSharing
 from twin.step.schedules import Action
 
@@ -117,6 +119,20 @@ class Spans(Sequence[Slice]):
     def first(self, rank: int, kind: str) -> Slice:
         """The first span of `kind` on `rank` (its first forward, say)."""
         return next(s for s in self.recorded if s.rank == rank and s.kind == kind)
+
+    def actions(self) -> tuple[Sequence[tuple[str, int]], np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Every action's span as columns: the (kind, stage) pairs, and per action the index of its pair, its
+        microbatch, start and end (what twin/step/steady.py compares two steps by)."""
+        pairs: dict[tuple[str, int], int] = {}
+        codes, microbatches, starts, ends = [], [], [], []
+        for s in self.recorded:
+            if s.track == "compute" and s.microbatch >= 0:
+                codes.append(pairs.setdefault((s.kind, s.stage), len(pairs)))
+                microbatches.append(s.microbatch)
+                starts.append(s.start)
+                ends.append(s.end)
+        ints = np.int64
+        return tuple(pairs), np.array(codes, ints), np.array(microbatches, ints), np.array(starts), np.array(ends)
 
     def then(self, tail: Sequence[Slice]) -> Spans:
         """These spans with `tail` after them."""

@@ -19,7 +19,7 @@ networkx's topological generations would walk the same graph node by node in Pyt
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import ItemsView, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
@@ -63,6 +63,7 @@ class Graph:
     """Each message's (kind, the stage it feeds, microbatch)."""
     price: Ints
     """Each action's index in `prices`."""
+    microbatch: Ints
     prices: tuple[PriceKey, ...]
     levels: tuple[tuple[Ints, Ints, Ints], ...]
     """Per level: its actions, those of them that send, and the messages they send."""
@@ -153,6 +154,7 @@ def _build(schedule: Schedule) -> Graph:
         hops=tuple(hops),
         keys=tuple(ids),
         price=price,
+        microbatch=np.array([s.action.microbatch for s in steps], dtype=np.int64),
         prices=tuple(prices),
         levels=tuple(grouped),
         first_forward=np.array(first_forward, dtype=np.int64),
@@ -288,6 +290,11 @@ class LevelSpans(Spans):
     def exposures(self) -> Sequence[Exposure]:
         return self._spans[1]
 
+    def actions(self) -> tuple[Sequence[tuple[str, int]], np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        g = self.timed.graph
+        pairs = tuple((kind, stage) for kind, stage, _ in g.prices)
+        return pairs, g.price, g.microbatch, self.timed.start, self.timed.end
+
     def first(self, rank: int, kind: str) -> Slice:
         g, t = self.timed.graph, self.timed
         i = next(i for i in range(len(g.steps)) if g.rank[i] == rank and g.steps[i].action.kind == kind)
@@ -313,3 +320,6 @@ class Arrivals(Mapping[Key, float]):
 
     def __len__(self) -> int:
         return len(self._by_key)
+
+    def items(self) -> ItemsView[Key, float]:
+        return self._by_key.items()

@@ -286,8 +286,14 @@ def _fill(
 
 
 def _table(slots: Mapping[tuple[str, int, int], int], result: PipelineResult, n: int) -> np.ndarray:
+    """`_fill` for a whole step, by columns (a deep step's spans are never made one by one for it)."""
     table = np.full((len(slots), n), np.nan)
-    _fill(table, slots, result.slices.recorded, result.arrivals.items())
+    pairs, codes, microbatches, starts, ends = result.slices.actions()
+    for edge, times in ((0, starts), (1, ends)):
+        rows = np.array([slots[(kind, stage, edge)] for kind, stage in pairs], dtype=np.int64)
+        table[rows[codes], microbatches] = times
+    for (kind, stage, mb), t in result.arrivals.items():
+        table[slots[(kind, stage, 2)], mb] = t
     return table
 
 
