@@ -23,10 +23,10 @@ one on a host whose cores are never shared.
 from __future__ import annotations
 
 import gc
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from contextlib import contextmanager
 
-from twin.step.pipeline_data import PipelineInput, PipelineResult, Slice
+from twin.step.pipeline_data import Columns, PipelineInput, PipelineResult
 from twin.step.pipeline_host import HostPipelineSim
 from twin.step.pipeline_sim import PipelineSim
 
@@ -61,19 +61,17 @@ def simulate(inp: PipelineInput) -> PipelineResult:
 
 class Watched:
     """One step simulated a stretch of simulated time at a time, so that its caller can look at what has happened
-    so far (`slices`, `arrivals`) and stop early (twin/step/steady.py stops a long step once it repeats)."""
+    so far (`news`) and stop early (twin/step/steady.py stops a long step once it repeats)."""
 
     def __init__(self, inp: PipelineInput) -> None:
         self._sim = _sim(inp)
         self._sim.start()
+        self._seen = (0, 0)
 
-    @property
-    def slices(self) -> list[Slice]:
-        return self._sim.slices
-
-    @property
-    def arrivals(self) -> Mapping[tuple[str, int, int], float]:
-        return self._sim.arrived_at
+    def news(self) -> tuple[Columns, Columns]:
+        """The actions and the message arrivals timed since the last call, as columns."""
+        columns, arrivals, self._seen = self._sim.progress(self._seen)
+        return columns, arrivals
 
     @property
     def events(self) -> int:

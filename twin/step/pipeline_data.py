@@ -4,7 +4,7 @@ inputs, and its result — the time, where each rank's time went, and the timeli
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import NamedTuple, overload
@@ -94,6 +94,38 @@ Exposure = tuple[int, int, int, int, float, tuple[tuple[str, float], ...]]
 ones, rank, stage, microbatch, when the first starts, ((axis, seconds), ...) in the order they run)."""
 
 
+Columns = tuple[Sequence[tuple[str, int]], np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+"""Actions' spans as columns: the (kind, stage) pairs, and per action the index of its pair, its microbatch, start
+and end (what twin/step/steady.py compares steps by)."""
+
+
+def columns_of(spans: Iterable[Slice]) -> Columns:
+    """The actions among `spans` as columns."""
+    pairs: dict[tuple[str, int], int] = {}
+    codes, microbatches, starts, ends = [], [], [], []
+    for s in spans:
+        if s.track == "compute" and s.microbatch >= 0:
+            codes.append(pairs.setdefault((s.kind, s.stage), len(pairs)))
+            microbatches.append(s.microbatch)
+            starts.append(s.start)
+            ends.append(s.end)
+    ints = np.int64
+    return tuple(pairs), np.array(codes, ints), np.array(microbatches, ints), np.array(starts), np.array(ends)
+
+
+def arrival_columns(arrivals: Iterable[tuple[tuple[str, int, int], float]]) -> Columns:
+    """Messages' arrivals as columns: the (kind, stage it feeds) pairs, and per message the index of its pair, its
+    microbatch, and its arrival twice (as start and end)."""
+    pairs: dict[tuple[str, int], int] = {}
+    codes, microbatches, times = [], [], []
+    for (kind, stage, microbatch), t in arrivals:
+        codes.append(pairs.setdefault((kind, stage), len(pairs)))
+        microbatches.append(microbatch)
+        times.append(t)
+    at = np.array(times)
+    return tuple(pairs), np.array(codes, np.int64), np.array(microbatches, np.int64), at, at
+
+
 class Spans(Sequence[Slice]):
     """A step's timeline: the spans recorded as it ran (actions, waits, the step's end), and the collectives left
     exposed after actions, which become spans, each right after its action's, only when the timeline is first read.
@@ -120,19 +152,9 @@ class Spans(Sequence[Slice]):
         """The first span of `kind` on `rank` (its first forward, say)."""
         return next(s for s in self.recorded if s.rank == rank and s.kind == kind)
 
-    def actions(self) -> tuple[Sequence[tuple[str, int]], np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """Every action's span as columns: the (kind, stage) pairs, and per action the index of its pair, its
-        microbatch, start and end (what twin/step/steady.py compares two steps by)."""
-        pairs: dict[tuple[str, int], int] = {}
-        codes, microbatches, starts, ends = [], [], [], []
-        for s in self.recorded:
-            if s.track == "compute" and s.microbatch >= 0:
-                codes.append(pairs.setdefault((s.kind, s.stage), len(pairs)))
-                microbatches.append(s.microbatch)
-                starts.append(s.start)
-                ends.append(s.end)
-        ints = np.int64
-        return tuple(pairs), np.array(codes, ints), np.array(microbatches, ints), np.array(starts), np.array(ends)
+    def actions(self) -> Columns:
+        """Every action's span as columns (`columns_of`)."""
+        return columns_of(self.recorded)
 
     def then(self, tail: Sequence[Slice]) -> Spans:
         """These spans with `tail` after them."""
@@ -217,3 +239,8 @@ class PipelineResult:
     arrivals: Mapping[tuple[str, int, int], float] = field(default_factory=dict)
     """When each cross-rank message (kind, stage it feeds, microbatch) arrived: with the actions' slices, every
     time the pipeline's events happen at (twin/step/steady.py compares two simulations by them)."""
+
+    def arrived(self) -> Columns:
+        """The arrivals as columns (`arrival_columns`; a level-timed step's straight from its arrays)."""
+        columns = getattr(self.arrivals, "columns", None)
+        return columns() if columns is not None else arrival_columns(self.arrivals.items())

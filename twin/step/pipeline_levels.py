@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from twin.step.pipeline_data import Exposure, Slice, Spans
+from twin.step.pipeline_data import Columns, Exposure, Slice, Spans
 from twin.step.pipeline_steps import MESSAGE, OWN_RANK, Key, PriceKey, Schedule, Step
 
 Ints = np.ndarray[Any, np.dtype[np.int64]]
@@ -35,38 +35,46 @@ Floats = np.ndarray[Any, np.dtype[np.float64]]
 
 @dataclass(frozen=True)
 class Graph:
-    """A schedule's actions (rank by rank, in each rank's order) and messages as index arrays. Time slots past
-    the actions: `done` (n, a time of 0: nothing before a rank's first action) and `never` (n + 1, minus
-    infinity: nothing to wait for); message slot m likewise holds minus infinity."""
+    """A schedule's actions and messages as index arrays, numbered level by level (within a level, the actions that
+    send a message first, their messages numbered in the same order), so that each level's actions, and the
+    messages they send, are a contiguous run of each array. Times live in one array of `slots`: each action's end
+    (0 to n - 1), then slot n holding 0 (nothing before a rank's first action), n + 1 holding minus infinity
+    (nothing to wait for), each message's arrival (n + 2 to n + m + 1) and, last, minus infinity again."""
 
     steps: tuple[Step, ...]
     rank: Ints
     prev: Ints
-    """The rank's previous action, or n."""
+    """The slot of the rank's previous action's end, or n."""
     prev_sent: Ints
-    """The message the rank's previous action sent, or m."""
+    """The slot of the arrival of the message the rank's previous action sent, or the last (blocking sends)."""
+    depends: Ints
+    """The slot of what each action waits for besides its previous one: a message's arrival, the end of an earlier
+    action of its rank (the turn of a "V"), or n + 1."""
+    queued_after: Ints
+    """The slot of the arrival of the message sent before each on the same link, or the last."""
     message: Ints
     """The message each action waits for, or m."""
-    own: Ints
-    """The earlier action of its rank each action waits for (the turn of a "V"), or n + 1."""
     sends: Ints
     """The message each action sends, or -1."""
     sender: Ints
     """The action that sends each message."""
-    queued_after: Ints
-    """The message sent before each on the same link, or m."""
     hop: Ints
     """Each message's index in `hops`."""
     hops: tuple[tuple[int, int], ...]
     """(sending stage, stage it feeds): the keys of PipelineInput.p2p_s."""
     keys: tuple[Key, ...]
     """Each message's (kind, the stage it feeds, microbatch)."""
+    feeds: tuple[tuple[str, int], ...]
+    """The (kind, stage fed) pairs of the messages."""
+    feed: Ints
+    """Each message's index in `feeds`."""
+    message_microbatch: Ints
     price: Ints
     """Each action's index in `prices`."""
     microbatch: Ints
     prices: tuple[PriceKey, ...]
-    levels: tuple[tuple[Ints, Ints, Ints], ...]
-    """Per level: its actions, those of them that send, and the messages they send."""
+    levels: tuple[tuple[int, int, int, int], ...]
+    """Per level: (first action, one past its last, how many of them send, their first message)."""
     first_forward: Ints
     """Actions that are their stage's first forward on their rank (they wait for its ZeRO-3 gather)."""
     final_grad: Ints
@@ -86,80 +94,89 @@ def graph_of(schedule: Schedule) -> Graph:
 
 
 def _build(schedule: Schedule) -> Graph:
-    steps = tuple(s for r in schedule.ranks for s in r.steps)
+    """The graph, first rank by rank (index g), then renumbered level by level."""
+    steps = [s for r in schedule.ranks for s in r.steps]
     n = len(steps)
     starts = np.cumsum([0, *(len(r.steps) for r in schedule.ranks)])
     rank = np.repeat(np.arange(len(schedule.ranks)), np.diff(starts))
     ids: dict[Key, int] = {}
     sends = np.full(n, -1)
     sender: list[int] = []
-    queued_after: list[int] = []
+    queued: list[int] = []
     hop: list[int] = []
     hops: dict[tuple[int, int], int] = {}
-    prices: dict[PriceKey, int] = {}
-    price = np.empty(n, dtype=np.int64)
     link_last: dict[tuple[int, int], int] = {}
     done_index: dict[Key, int] = {}
-    first_forward: list[int] = []
-    final_grad: list[int] = []
     for g, s in enumerate(steps):
-        price[g] = prices.setdefault(s.price, len(prices))
         if s.done is not None:
             done_index[s.done] = g
-        if s.first_forward:
-            first_forward.append(g)
-        if s.final_grad:
-            final_grad.append(g)
         if s.sends is not None:
             sends[g] = ids[s.sends] = len(sender)
             sender.append(g)
             link = (int(rank[g]), s.to)
-            queued_after.append(link_last.get(link, -1))
+            queued.append(link_last.get(link, -1))
             link_last[link] = sends[g]
             hop.append(hops.setdefault(s.hop, len(hops)))
     m = len(sender)
     message = np.full(n, m)
-    own = np.full(n, n + 1)
+    own = np.full(n, -1)
     for g, s in enumerate(steps):
         if s.waits == MESSAGE:
             message[g] = ids[s.key]
         elif s.waits == OWN_RANK:
             own[g] = done_index[s.key]
-    firsts = starts[:-1]
     prev = np.arange(n) - 1
-    prev[firsts[firsts < n]] = n
-    prev_sent = np.where(prev < n, sends[np.minimum(prev, n - 1)], -1)
-    prev_sent[prev_sent < 0] = m
-    queued = np.array(queued_after, dtype=np.int64)
-    queued[queued < 0] = m
-    sender_arr = np.array(sender, dtype=np.int64)
-    levels = _levels(schedule, starts, message, sender_arr, n)
-    by_level = np.argsort(levels, kind="stable")
-    bounds = np.cumsum(np.bincount(levels))
-    grouped = []
-    for actions in np.split(by_level, bounds[:-1]):
-        sending = actions[sends[actions] >= 0]
-        grouped.append((actions, sending, sends[sending]))
+    prev[starts[:-1][starts[:-1] < n]] = -1
+    sender_g = np.array(sender, dtype=np.int64)
+    level = _levels(schedule, starts, message, sender_g, n)
+    # renumber: by level, a level's senders first; messages in the order of their senders
+    order = np.lexsort((sends < 0, level))
+    new = np.empty(n, dtype=np.int64)
+    new[order] = np.arange(n)
+    msg_order = np.argsort(new[sender_g], kind="stable")
+    new_msg = np.empty(m, dtype=np.int64)
+    new_msg[msg_order] = np.arange(m)
+    arrival = n + 2 + np.append(new_msg, m)  # a message's arrival slot; m: the last, minus infinity
+    ends = np.append(new, [n, n + 1])  # an action's end slot; -1: n (0.0), -2: n + 1 (minus infinity)
+    prev_slot = ends[np.where(prev >= 0, prev, n)]
+    prev_sent = np.where(prev >= 0, sends[np.maximum(prev, 0)], -1)
+    depends = np.where(message < m, arrival[message], ends[np.where(own >= 0, own, n + 1)])
+    queued_g = np.array(queued, dtype=np.int64)
+    per_level = np.bincount(level)
+    sending = np.bincount(level, weights=sends >= 0, minlength=len(per_level)).astype(np.int64)
+    lows = np.concatenate(([0], np.cumsum(per_level)[:-1]))
+    first_msgs = np.concatenate(([0], np.cumsum(sending)[:-1]))
+    keys = list(ids)
+    ordered_keys = [keys[i] for i in msg_order.tolist()]
+    feeds: dict[tuple[str, int], int] = {}
+    feed = np.array([feeds.setdefault((kind, stage), len(feeds)) for kind, stage, _ in ordered_keys], np.int64)
+    prices: dict[PriceKey, int] = {}
+    price = np.array([prices.setdefault(s.price, len(prices)) for s in steps], dtype=np.int64)
+    firsts = [g for g, s in enumerate(steps) if s.first_forward]
+    finals = [g for g, s in enumerate(steps) if s.final_grad]
     return Graph(
-        steps=steps,
-        rank=rank,
-        prev=prev,
-        prev_sent=prev_sent,
-        message=message,
-        own=own,
-        sends=sends,
-        sender=sender_arr,
-        queued_after=queued,
-        hop=np.array(hop, dtype=np.int64),
+        steps=tuple(steps[g] for g in order.tolist()),
+        rank=rank[order],
+        prev=prev_slot[order],
+        prev_sent=arrival[np.where(prev_sent >= 0, prev_sent, m)][order],
+        depends=depends[order],
+        queued_after=arrival[np.where(queued_g >= 0, queued_g, m)][msg_order] if m else np.zeros(0, np.int64),
+        message=np.where(message < m, np.append(new_msg, m)[message], m)[order],
+        sends=np.where(sends >= 0, np.append(new_msg, -1)[sends], -1)[order],
+        sender=new[sender_g][msg_order],
+        hop=np.array(hop, dtype=np.int64)[msg_order] if m else np.zeros(0, np.int64),
         hops=tuple(hops),
-        keys=tuple(ids),
-        price=price,
-        microbatch=np.array([s.action.microbatch for s in steps], dtype=np.int64),
+        keys=tuple(ordered_keys),
+        feeds=tuple(feeds),
+        feed=feed,
+        message_microbatch=np.array([mb for _, _, mb in ordered_keys], dtype=np.int64),
+        price=price[order],
+        microbatch=np.array([s.action.microbatch for s in steps], dtype=np.int64)[order],
         prices=tuple(prices),
-        levels=tuple(grouped),
-        first_forward=np.array(first_forward, dtype=np.int64),
-        final_grad=np.array(final_grad, dtype=np.int64),
-        last=starts[1:] - 1,
+        levels=tuple(zip(*(x.tolist() for x in (lows, lows + per_level, sending, first_msgs)), strict=True)),
+        first_forward=np.sort(new[firsts]) if firsts else np.zeros(0, np.int64),
+        final_grad=np.sort(new[finals]) if finals else np.zeros(0, np.int64),
+        last=new[starts[1:] - 1],
     )
 
 
@@ -167,7 +184,7 @@ def _levels(schedule: Schedule, starts: Ints, message: Ints, sender: Ints, n: in
     """One more than the deepest of what each action waits for: its rank's previous action and the sender of the
     message it waits for (an earlier action of its own rank, and the message before on its link, come before its
     previous action). Walked in the schedule's dependency order, so each sender's level is known when needed."""
-    level = np.zeros(n, dtype=np.int64).tolist()
+    level = [0] * n
     m = len(sender)
     senders, messages = sender.tolist(), message.tolist()
     for rank, first, stop in schedule.order:
@@ -194,34 +211,78 @@ class Timed:
     arrival: Floats
 
 
+class LevelTimer:
+    """Times a graph's actions a level at a time, resumably: `run` goes on from where it stopped, so a caller can
+    look at the actions timed so far (twin/step/steady.py watches a zero-bubble step until it repeats). Only the
+    ends and arrivals are needed level by level; when each action was ready, had what it waited for and started
+    follow from them at once after (`times`)."""
+
+    def __init__(self, graph: Graph, total: Floats, p2p: Floats, gathered: Floats | None, blocking: bool) -> None:
+        n, m = len(graph.steps), len(graph.sender)
+        self.graph, self.blocking, self.n = graph, blocking, n
+        self.cost = total[graph.price]
+        self.moved = p2p[graph.hop]
+        self.t = np.empty(n + m + 3)
+        self.t[n], self.t[n + 1], self.t[n + m + 2] = 0.0, -np.inf, -np.inf
+        self.gate: Floats | None = None
+        if gathered is not None:
+            self.gate = np.full(n, -np.inf)
+            self.gate[graph.first_forward] = gathered
+        self.level = 0
+        self.actions = self.messages = 0
+        """How many actions and messages (from the first) are timed so far."""
+
+    def run(self, horizon: float = np.inf) -> bool:
+        """Time levels until one starts at or past `horizon` (every level: none does); False once all are."""
+        g, t, cost, moved, gate, n = self.graph, self.t, self.cost, self.moved, self.gate, self.n
+        prev, prev_sent, depends, queued_after = g.prev, g.prev_sent, g.depends, g.queued_after
+        maximum, levels = np.maximum, g.levels
+        while self.level < len(levels):
+            lo, hi, k, first = levels[self.level]
+            self.level += 1
+            r = t[prev[lo:hi]]
+            if self.blocking:
+                r = maximum(r, t[prev_sent[lo:hi]])
+            w = maximum(r, t[depends[lo:hi]])
+            if gate is not None:
+                w = maximum(w, gate[lo:hi])
+            t[lo:hi] = w + cost[lo:hi]
+            if k:
+                a = n + 2 + first
+                t[a : a + k] = maximum(t[lo : lo + k], t[queued_after[first : first + k]]) + moved[first : first + k]
+            self.actions, self.messages = hi, first + k
+            if horizon < np.inf and w.min() >= horizon:
+                break
+        return self.level < len(levels)
+
+    def times(self, lo: int = 0, hi: int | None = None) -> tuple[Floats, Floats, Floats, Floats]:
+        """(ready, waited, start, end) of actions lo to hi (all timed)."""
+        g, t = self.graph, self.t
+        hi = self.actions if hi is None else hi
+        ready = t[g.prev[lo:hi]]
+        if self.blocking:
+            ready = np.maximum(ready, t[g.prev_sent[lo:hi]])
+        waited = np.maximum(ready, t[g.depends[lo:hi]])
+        start = waited if self.gate is None else np.maximum(waited, self.gate[lo:hi])
+        return ready, waited, start, t[lo:hi].copy()
+
+    def arrivals(self, lo: int = 0, hi: int | None = None) -> Floats:
+        """Arrivals of messages lo to hi (all timed)."""
+        hi = self.messages if hi is None else hi
+        return self.t[self.n + 2 + lo : self.n + 2 + hi].copy()
+
+    def timed(self) -> Timed:
+        """Every action's times, once `run` has timed them all."""
+        assert self.level == len(self.graph.levels)
+        return Timed(self.graph, *self.times(), self.arrivals())
+
+
 def time_graph(graph: Graph, total: Floats, p2p: Floats, gathered: Floats | None, blocking: bool) -> Timed:
-    """Time every action of `graph`, a level at a time: `total` seconds per price, `p2p` per hop, `gathered` the
-    time each first forward's ZeRO-3 gather is done (None: no gathers)."""
-    n, m = len(graph.steps), len(graph.sender)
-    cost = total[graph.price]
-    moved = p2p[graph.hop]
-    end = np.empty(n + 2)
-    end[n], end[n + 1] = 0.0, -np.inf
-    arrival = np.empty(m + 1)
-    arrival[m] = -np.inf
-    ready, waited, start = np.empty(n), np.empty(n), np.empty(n)
-    gate = np.full(n, -np.inf)
-    if gathered is not None:
-        gate[graph.first_forward] = gathered
-    prev, prev_sent, message, own = graph.prev, graph.prev_sent, graph.message, graph.own
-    queued_after = graph.queued_after
-    for actions, sending, messages in graph.levels:
-        r = end[prev[actions]]
-        if blocking:
-            r = np.maximum(r, arrival[prev_sent[actions]])
-        w = np.maximum(r, np.maximum(arrival[message[actions]], end[own[actions]]))
-        s = np.maximum(w, gate[actions])
-        end[actions] = s + cost[actions]
-        ready[actions], waited[actions], start[actions] = r, w, s
-        if len(sending):
-            sent = end[sending]
-            arrival[messages] = np.maximum(sent, arrival[queued_after[messages]]) + moved[messages]
-    return Timed(graph, ready, waited, start, end[:n], arrival[:m])
+    """Time every action of `graph`: `total` seconds per price, `p2p` per hop, `gathered` the time each first
+    forward's ZeRO-3 gather is done (None: no gathers)."""
+    timer = LevelTimer(graph, total, p2p, gathered, blocking)
+    timer.run()
+    return timer.timed()
 
 
 def rank_waits(timed: Timed, ranks: int, blocking: bool) -> dict[str, Any]:
@@ -290,7 +351,7 @@ class LevelSpans(Spans):
     def exposures(self) -> Sequence[Exposure]:
         return self._spans[1]
 
-    def actions(self) -> tuple[Sequence[tuple[str, int]], np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    def actions(self) -> Columns:
         g = self.timed.graph
         pairs = tuple((kind, stage) for kind, stage, _ in g.prices)
         return pairs, g.price, g.microbatch, self.timed.start, self.timed.end
@@ -323,3 +384,10 @@ class Arrivals(Mapping[Key, float]):
 
     def items(self) -> ItemsView[Key, float]:
         return self._by_key.items()
+
+    def columns(self, lo: int = 0, hi: int | None = None) -> Columns:
+        """Messages lo to hi (all) as columns (pipeline_data.arrival_columns)."""
+        g = self.timed.graph
+        hi = len(g.sender) if hi is None else hi
+        at = self.timed.arrival[lo:hi]
+        return g.feeds, g.feed[lo:hi], g.message_microbatch[lo:hi], at, at

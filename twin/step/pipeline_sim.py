@@ -7,13 +7,25 @@ on each rank's DP link, the barrier, the optimizer. A CPU host's ranks share cor
 from __future__ import annotations
 
 from collections.abc import Generator, Mapping
+from itertools import islice
 from typing import Any
 
 import numpy as np
 import simpy
 
-from twin.step.pipeline_data import ActionCost, Exposure, PipelineInput, PipelineResult, RankTimes, Slice, Spans
-from twin.step.pipeline_levels import Arrivals, LevelSpans, Timed, graph_of, rank_waits, time_graph
+from twin.step.pipeline_data import (
+    ActionCost,
+    Columns,
+    Exposure,
+    PipelineInput,
+    PipelineResult,
+    RankTimes,
+    Slice,
+    Spans,
+    arrival_columns,
+    columns_of,
+)
+from twin.step.pipeline_levels import Arrivals, LevelSpans, LevelTimer, Timed, graph_of, rank_waits
 from twin.step.pipeline_steps import MESSAGE, OWN_RANK, PriceKey, schedule_steps
 from twin.step.schedules import Action
 
@@ -52,8 +64,9 @@ class PipelineSim:
         self.times = [RankTimes() for _ in inp.orders]
         self.slices: list[Slice] = []
         self.exposures: list[Exposure] = []
+        self.timer: LevelTimer | None = None
         self.timed: Timed | None = None
-        """A deep pipeline's actions as timed a level at a time (`evaluate_levels`)."""
+        """A deep pipeline's actions as timed a level at a time, once all are (`level_timer`, `settle_levels`)."""
         self.events = 0
         self.arrived_ranks = 0
         self.barrier = self.env.event()
@@ -93,28 +106,42 @@ class PipelineSim:
         """The stages a rank holds, in the order it first runs them (the order it gathers them in)."""
         return list(dict.fromkeys(a.stage for a in self.inp.orders[rank]))
 
-    def by_levels(self) -> bool:
-        """Whether `run` times the whole step a level at a time (pipeline_levels.py) rather than action by action:
-        for pipelines of LEVELS_FROM_RANKS ranks and more (`levels_pay`), unless it is being watched (`advance`)."""
-        return levels_pay(self.inp) and self.next_run == 0 and self.timed is None
-
     def advance(self, seconds: float) -> bool:
-        """Time the ranks' steps for `seconds` more of the step, action by action: the runs of the dependency
-        order up to the first that starts past it (a caller watching a long step looks at them as they come,
-        twin/step/steady.py); False once every step is timed."""
+        """Time the ranks' steps for `seconds` more of the step (a caller watching a long step looks at them as
+        they come, `progress`; twin/step/steady.py): a deep pipeline's levels up to the first that starts past it,
+        else the runs of the dependency order up to the first that does; False once every step is timed."""
         self.horizon += seconds
+        timer = self.level_timer()
+        if timer is not None:
+            return timer.run(self.horizon)
         self.evaluate(self.horizon)
         return self.next_run < len(self.schedule.order)
 
     def run(self) -> None:
         """Time every step, then simulate what follows each rank's last: its gradient buckets' reduction, the
         barrier and its optimizer."""
-        if self.by_levels():
-            self.evaluate_levels()
+        timer = self.level_timer()
+        if timer is not None:
+            timer.run()
+            self.settle_levels(timer)
         self.evaluate(float("inf"))
         for rank in range(len(self.inp.orders)):
             self.env.process(self.finish(rank))
         self.env.run()
+
+    def progress(self, since: tuple[int, int]) -> tuple[Columns, Columns, tuple[int, int]]:
+        """The actions and the message arrivals timed since `since` (what an earlier call returned last; (0, 0) at
+        first), as columns, and what to pass next time."""
+        if self.timer is not None:
+            g, timer = self.timer.graph, self.timer
+            lo, hi, first, last = since[0], timer.actions, since[1], timer.messages
+            _, _, start, end = timer.times(lo, hi)
+            pairs = tuple((kind, stage) for kind, stage, _ in g.prices)
+            at = timer.arrivals(first, last)
+            arrived: Columns = (g.feeds, g.feed[first:last], g.message_microbatch[first:last], at, at)
+            return (pairs, g.price[lo:hi], g.microbatch[lo:hi], start, end), arrived, (hi, last)
+        arrived = arrival_columns(islice(self.arrived_at.items(), since[1], None))
+        return columns_of(self.slices[since[0] :]), arrived, (len(self.slices), len(self.arrived_at))
 
     def result(self) -> PipelineResult:
         step = max(t.end for t in self.times)
@@ -127,16 +154,24 @@ class PipelineSim:
             spans, arrivals = Spans(tuple(self.slices), tuple(self.exposures)), self.arrived_at
         return PipelineResult(step, tuple(self.times), spans, self.events, arrivals=arrivals)
 
-    def evaluate_levels(self) -> None:
-        """Time every action a level at a time (pipeline_levels.time_graph): the same times `evaluate` gives."""
-        g = graph_of(self.schedule)
-        blocking = self.inp.blocking_sends
-        total = np.array([self.prices[p][1] for p in g.prices])
-        p2p = np.array([self.inp.p2p_s[h] for h in g.hops], dtype=float)
-        gathered = None
-        if self.gathered_at:
-            gathered = np.array([self.gathered_at[g.steps[i].action.stage] for i in g.first_forward], dtype=float)
-        timed = time_graph(g, total, p2p, gathered, blocking)
+    def level_timer(self) -> LevelTimer | None:
+        """The step's levels' timer where they are timed a level at a time (`levels_pay`, before any action is
+        timed one by one): the same times `evaluate` gives, every action's to the bit."""
+        if self.timer is None and levels_pay(self.inp) and self.next_run == 0:
+            g = graph_of(self.schedule)
+            total = np.array([self.prices[p][1] for p in g.prices])
+            p2p = np.array([self.inp.p2p_s[h] for h in g.hops], dtype=float)
+            gathered = None
+            if self.gathered_at:
+                stages = [g.steps[i].action.stage for i in g.first_forward.tolist()]
+                gathered = np.array([self.gathered_at[stage] for stage in stages], dtype=float)
+            self.timer = LevelTimer(g, total, p2p, gathered, self.inp.blocking_sends)
+        return None if self.timed is not None else self.timer
+
+    def settle_levels(self, timer: LevelTimer) -> None:
+        """Once every level is timed: what the ranks' waits add to their times, their gradient buckets launched
+        as their final gradient passes run, and each rank's clock at its last action's end."""
+        timed, g, blocking = timer.timed(), timer.graph, self.inp.blocking_sends
         waits = rank_waits(timed, len(self.times), blocking)
         for rank, times in enumerate(self.times):
             times.pp += float(waits["pp"][rank])
@@ -145,7 +180,7 @@ class PipelineSim:
         for i in g.final_grad.tolist():
             a = g.steps[i].action
             if self.inp.dp_stage_s.get(a.stage, 0.0) > 0:
-                self.launch_buckets(int(g.rank[i]), a.stage, float(timed.start[i]), float(total[g.price[i]]))
+                self.launch_buckets(int(g.rank[i]), a.stage, float(timed.start[i]), float(timer.cost[i]))
         for rank, i in enumerate(g.last.tolist()):
             sent = g.sends[i]
             end = float(timed.end[i])

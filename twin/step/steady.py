@@ -35,15 +35,14 @@ Hand-written: SimPy simulates what it is given; recognising that a simulated pro
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import fields, replace
-from itertools import islice, pairwise
+from itertools import pairwise
 
 import numpy as np
 
 from twin.step.pipeline import Watched, simulate
-from twin.step.pipeline_data import PipelineInput, PipelineResult, RankTimes, Slice
-from twin.step.pipeline_sim import levels_pay
+from twin.step.pipeline_data import Columns, PipelineInput, PipelineResult, RankTimes
 from twin.step.schedules import Action, receiver
 
 EXTENDED = frozenset({"gpipe", "1f1b", "interleaved-1f1b"})
@@ -158,9 +157,10 @@ def _watched_until_periodic(
     that hold that window, extended; the step simulated to its end where that does not save time or the short
     steps do not check out."""
     short = orders_for(min(m, REACH_SPAN * (max(inp.stage_rank) + 1)))  # REACH_SPAN pipeline depths
-    if _too_short(reach(inp, short[:1]) + 1, m):  # the first rank's reach: a floor under every rank's, cheaply
+    reaches = rank_reaches(inp, short)
+    if _too_short(reaches[0] + 1, m):  # the first rank's reach: a floor under every rank's
         return simulate(replace(inp, orders=orders_for(m)))
-    window = reach(inp, short) + 1
+    window = max(reaches) + 1
     tail = TAIL_WINDOWS * window
     if _too_short(window, m):
         return simulate(replace(inp, orders=orders_for(m)))
@@ -168,12 +168,9 @@ def _watched_until_periodic(
     look_s = window * _floor_per_microbatch_s(inp, short)
     table = np.full((len(slots), m), np.nan)
     watched = Watched(replace(inp, orders=orders_for(m)))
-    seen = [0, 0]  # slices and arrivals already in `table`
     done = 0
     while watched.advance(look_s):
-        new_arrivals = islice(watched.arrivals.items(), seen[1], None)
-        done = _fill(table, slots, watched.slices[seen[0] :], new_arrivals, done)
-        seen = [len(watched.slices), len(watched.arrivals)]
+        done = _fill(table, slots, *watched.news(), done)
         n = done + tail
         if 2 * n + 1 >= m - done:  # the two short steps would cost what is left of this one
             break
@@ -182,11 +179,6 @@ def _watched_until_periodic(
             if extended is not None:
                 return extended
             break
-    else:  # every action timed while watching
-        return watched.finish()
-    if levels_pay(inp):  # timing the whole step a level at a time costs less than watching the rest of it
-        full = simulate(replace(inp, orders=orders_for(m)))
-        return replace(full, events=full.events + watched.events)
     return watched.finish()
 
 
@@ -247,16 +239,34 @@ def reach(inp: PipelineInput, orders: Sequence[Sequence[Action]]) -> int:
     """The most microbatches apart two events are where one directly follows the other: consecutive actions of a
     rank, or consecutive messages on one link. An event depends on nothing further back, so a window this wide
     (plus a period) that repeats holds everything the rest of the step follows from."""
-    reach = 0
-    for order in orders:
-        reach = max([reach, *(abs(x.microbatch - y.microbatch) for x, y in pairwise(order))])
-        links: dict[int, list[int]] = {}
-        for a in order:
-            target = receiver(a, len(inp.stage_rank))
-            if target is not None:
-                links.setdefault(inp.stage_rank[target], []).append(a.microbatch)
-        for sent in links.values():
-            reach = max([reach, *(abs(x - y) for x, y in pairwise(sent))])
+    return max(_rank_reach(order, inp.stage_rank) for order in orders)
+
+
+_REACHES: dict[int, tuple[object, tuple[int, ...], tuple[int, ...]]] = {}
+
+
+def rank_reaches(inp: PipelineInput, orders: tuple[tuple[Action, ...], ...]) -> tuple[int, ...]:
+    """Each rank's `reach`, kept by the orders' identity as pipeline_steps keeps a schedule's steps (the orders
+    come from schedules.build's cache): at pp 16 working them out cost 20 ms a prediction."""
+    hit = _REACHES.get(id(orders))
+    if hit is not None and hit[0] is orders and hit[1] == inp.stage_rank:
+        return hit[2]
+    reaches = tuple(_rank_reach(order, inp.stage_rank) for order in orders)
+    if len(_REACHES) >= 16:
+        _REACHES.pop(next(iter(_REACHES)))
+    _REACHES[id(orders)] = (orders, inp.stage_rank, reaches)
+    return reaches
+
+
+def _rank_reach(order: Sequence[Action], stage_rank: Sequence[int]) -> int:
+    reach = max((abs(x.microbatch - y.microbatch) for x, y in pairwise(order)), default=0)
+    links: dict[int, list[int]] = {}
+    for a in order:
+        target = receiver(a, len(stage_rank))
+        if target is not None:
+            links.setdefault(stage_rank[target], []).append(a.microbatch)
+    for sent in links.values():
+        reach = max(reach, max((abs(x - y) for x, y in pairwise(sent)), default=0))
     return reach
 
 
@@ -269,31 +279,27 @@ def _floor_per_microbatch_s(inp: PipelineInput, orders: Sequence[Sequence[Action
 def _fill(
     table: np.ndarray,
     slots: Mapping[tuple[str, int, int], int],
-    slices: Sequence[Slice],
-    arrivals: Iterable[tuple[tuple[str, int, int], float]],
+    actions: Columns,
+    arrivals: Columns,
     complete: int = 0,
 ) -> int:
-    """Write new events into `table`; returns how many leading microbatches have all their events (the first
-    `complete` had them already)."""
-    for s in slices:
-        if s.track == "compute" and s.microbatch >= 0:
-            table[slots[(s.kind, s.stage, 0)], s.microbatch] = s.start
-            table[slots[(s.kind, s.stage, 1)], s.microbatch] = s.end
-    for (kind, stage, mb), t in arrivals:
-        table[slots[(kind, stage, 2)], mb] = t
-    missing = np.isnan(table[:, complete:]).any(axis=0)
-    return complete + int(missing.argmax()) if missing.any() else table.shape[1]
+    """Write new events into `table` (the actions' starts and ends, the messages' arrivals, as columns); returns
+    how many leading microbatches have all their events (the first `complete` had them already)."""
+    latest = -1
+    for (pairs, codes, microbatches, starts, ends), edges in ((actions, (0, 1)), (arrivals, (2,))):
+        for edge, times in zip(edges, (starts, ends), strict=False):
+            rows = np.array([slots[(kind, stage, edge)] for kind, stage in pairs], dtype=np.int64)
+            table[rows[codes], microbatches] = times
+        latest = max(latest, int(microbatches.max(initial=-1)))
+    # columns past the latest microbatch written now are taken as incomplete: a floor, found without scanning them
+    end = min(table.shape[1], max(latest + 1, complete))
+    missing = np.isnan(table[:, complete:end]).any(axis=0)
+    return complete + int(missing.argmax()) if missing.any() else end
 
 
 def _table(slots: Mapping[tuple[str, int, int], int], result: PipelineResult, n: int) -> np.ndarray:
-    """`_fill` for a whole step, by columns (a deep step's spans are never made one by one for it)."""
     table = np.full((len(slots), n), np.nan)
-    pairs, codes, microbatches, starts, ends = result.slices.actions()
-    for edge, times in ((0, starts), (1, ends)):
-        rows = np.array([slots[(kind, stage, edge)] for kind, stage in pairs], dtype=np.int64)
-        table[rows[codes], microbatches] = times
-    for (kind, stage, mb), t in result.arrivals.items():
-        table[slots[(kind, stage, 2)], mb] = t
+    _fill(table, slots, result.slices.actions(), result.arrived())
     return table
 
 
