@@ -48,6 +48,21 @@ CASES = {
     ),
     "16k GPUs: Llama 3 405B preset": ("llama3-405b-16k", []),
     "100k GPUs: seeds' reference preset": ("reference-100k", []),
+    "385k GPUs: the seeds' 1T model over the whole multi-building fleet, PP128 ZB-H1 (what `twin search` picks "
+    "there under fast recovery)": (
+        "reference-100k",
+        [
+            "cluster=multi-building-gb200-400k",
+            "layout.tp=8",
+            "layout.pp=128",
+            "layout.cp=8",
+            "layout.dp=47",
+            "layout.schedule=zb-h1",
+            "layout.virtual_stages=1",
+            "training.global_batch=7802",
+            "reliability.hot_spares=0",
+        ],
+    ),
 }
 
 
