@@ -1,8 +1,9 @@
 """How fast `twin search` is, and what it finds, on the issue's four questions; and what one prediction costs as the
 batch grows (the steady-state extension, twin/step/steady.py).
 
-Part 1: one `predict` of Narayanan et al. 2021's 1.7B, 146B and 1T rows and of GPT-3 175B at 1x-32x its batch, with
-the steady state extended (default) and with every microbatch simulated; ratio to one `twin predict`.
+Part 1: one `predict` of Narayanan et al. 2021's 1.7B, 146B and 1T rows, of GPT-3 175B at 1x-32x its batch, and of
+GPT-3 175B under the zero-bubble schedules at 3,072 microbatches (pp 8 and 16), with the steady state extended
+(default) and with every microbatch simulated; ratio to one `twin predict`.
 Part 2: four searches, timed end to end in one process (worker processes: every core), with their tallies, top
 layouts and the check the issue asks of each. Prints tables and writes benchmarks/results/search_speed.json.
 Run: `python benchmarks/search_speed.py` (about two minutes on 2 cores).
@@ -49,6 +50,11 @@ def prediction_cost(console: Console) -> list[dict[str, Any]]:
     for scale in (1, 4, 32):
         batch = f"training.global_batch={1536 * scale}"
         cases.append((f"GPT-3 175B, batch x{scale}", loader.load("gpt3-175b-1k", [batch])))
+    for pp in (8, 16):  # the zero-bubble schedules, whose events settle slowly, at 3,072 microbatches
+        for schedule, v in (("zb-h1", 1), ("zbv", 2), ("dualpipe-v", 2)):
+            sets = [f"layout.schedule={schedule}", f"layout.virtual_stages={v}", f"layout.pp={pp}", "layout.dp=1",
+                    "training.global_batch=3072"]  # fmt: skip
+            cases.append((f"GPT-3 175B {schedule} pp {pp}", loader.load("gpt3-175b-1k", sets)))
     table = Table(title="one prediction: steady state extended vs every microbatch simulated")
     for col in ("plan", "pp·v", "microbatches", "simulated", "extended (ms)", "every (ms)", "speed-up"):
         table.add_column(col, justify="left" if col == "plan" else "right")

@@ -79,6 +79,13 @@ class Schedule:
 _CACHE: dict[int, tuple[object, tuple[int, ...], bool, Schedule]] = {}
 _CACHED = 16
 """Schedules whose steps are kept: a pp-128 step of 166 microbatches holds 18 MB of them."""
+_KEPT_ACTIONS = 300_000
+"""Actions kept in all, whatever the count: sixteen 3,072-microbatch steps at pp 16 (295k actions each) would
+otherwise hold over a gigabyte."""
+
+
+def _actions(schedule: Schedule) -> int:
+    return sum(len(r.steps) for r in schedule.ranks)
 
 
 def rank_steps(
@@ -113,9 +120,9 @@ def schedule_steps(orders: tuple[tuple[Action, ...], ...], stage_rank: tuple[int
             steps.append(Step(a, waits, key, price, first, id(a) in final, done, sends, to, hop))
         ranks.append(RankSteps(tuple(steps), dict(Counter(s.price for s in steps))))
     schedule = Schedule(tuple(ranks), dependency_order(ranks))
-    if len(_CACHE) >= _CACHED:
-        _CACHE.pop(next(iter(_CACHE)))
     _CACHE[id(orders)] = (orders, stage_rank, split_w, schedule)
+    while len(_CACHE) > 1 and (len(_CACHE) > _CACHED or sum(_actions(e[3]) for e in _CACHE.values()) > _KEPT_ACTIONS):
+        _CACHE.pop(next(iter(_CACHE)))
     return schedule
 
 
