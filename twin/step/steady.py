@@ -57,6 +57,10 @@ TAIL_WINDOWS = 2
 """A zero-bubble short step runs this many repeating windows past the repeat seen: its cool-down reaches back less
 far than that (`_two_short_steps` checks it)."""
 
+WATCHED_WINDOWS = 16
+"""Windows of microbatches a zero-bubble step is first watched over (twice as many each time its events do not
+repeat in time): the step of m itself is built only where it must be simulated whole, not to be watched."""
+
 REL_TOL = 1e-9
 """How closely the two differences must agree, relative to the figure, for the steady state to count as reached."""
 
@@ -161,25 +165,56 @@ def _watched_until_periodic(
     if _too_short(reaches[0] + 1, m):  # the first rank's reach: a floor under every rank's
         return simulate(replace(inp, orders=orders_for(m)))
     window = max(reaches) + 1
-    tail = TAIL_WINDOWS * window
     if _too_short(window, m):
         return simulate(replace(inp, orders=orders_for(m)))
     slots = _slots(inp, short)  # microbatch 0's actions: the same in an order of any length
     look_s = window * _floor_per_microbatch_s(inp, short)
-    table = np.full((len(slots), m), np.nan)
-    watched = Watched(replace(inp, orders=orders_for(m)))
+    length, events = min(m, WATCHED_WINDOWS * window), 0
+    while True:
+        watched = Watched(replace(inp, orders=orders_for(length)))
+        outcome = _watch(watched, inp, orders_for, slots, look_s, window, length, m, events)
+        events += watched.events
+        if isinstance(outcome, PipelineResult):
+            return outcome
+        if length == m:  # the step of m itself, watched: the rest of it costs least
+            return watched.finish()
+        if outcome == "beyond":  # the repeat may come later than this step's own cool-down lets it show
+            length = min(m, 2 * length)
+            continue
+        full = simulate(replace(inp, orders=orders_for(m)))
+        return replace(full, events=full.events + events)
+
+
+def _watch(
+    watched: Watched,
+    inp: PipelineInput,
+    orders_for: Callable[[int], tuple[tuple[Action, ...], ...]],
+    slots: dict[tuple[str, int, int], int],
+    look_s: float,
+    window: int,
+    length: int,
+    m: int,
+    events: int,
+) -> PipelineResult | str:
+    """Watch a step of `length` microbatches (the first `length` of a step of `m` run the same until its own
+    cool-down, which reaches back less than a tail) until its events repeat, and extend the step of m from there
+    (the result); else why not: "costly" (extending would cost what the rest of the step of m does), "unchecked"
+    (the short steps did not check out) or "beyond" (the events up to where this step's cool-down begins do not
+    repeat yet). `events`: what earlier watches scheduled."""
+    tail = TAIL_WINDOWS * window
+    table = np.full((len(slots), length), np.nan)
     done = 0
     while watched.advance(look_s):
         done = _fill(table, slots, *watched.news(), done)
         n = done + tail
-        if 2 * n + 1 >= m - done:  # the two short steps would cost what is left of this one
-            break
+        if 2 * n + 1 >= m - done:  # the two short steps would cost what is left of the step of m
+            return "costly"
         if done > window + 1 and _repeats(table[:, done - window - 1 : done], _tolerance(table, done)):
-            extended = _two_short_steps(inp, orders_for, slots, table[:, :done], n, m, watched.events)
-            if extended is not None:
-                return extended
-            break
-    return watched.finish()
+            extended = _two_short_steps(inp, orders_for, slots, table[:, :done], n, m, events + watched.events)
+            return extended if extended is not None else "unchecked"
+        if length < m and done >= length - tail:
+            return "beyond"
+    return "beyond" if length < m else "costly"
 
 
 def _too_short(window: int, m: int) -> bool:
