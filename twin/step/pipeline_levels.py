@@ -233,7 +233,8 @@ class LevelTimer:
         """How many actions and messages (from the first) are timed so far."""
 
     def run(self, horizon: float = np.inf) -> bool:
-        """Time levels until one starts at or past `horizon` (every level: none does); False once all are."""
+        """Time levels up to one whose first action starts at or past `horizon` (every level, if none does); False
+        once all are timed."""
         g, t, cost, moved, gate, n = self.graph, self.t, self.cost, self.moved, self.gate, self.n
         prev, prev_sent, depends, queued_after = g.prev, g.prev_sent, g.depends, g.queued_after
         maximum, levels = np.maximum, g.levels
@@ -251,7 +252,7 @@ class LevelTimer:
                 a = n + 2 + first
                 t[a : a + k] = maximum(t[lo : lo + k], t[queued_after[first : first + k]]) + moved[first : first + k]
             self.actions, self.messages = hi, first + k
-            if horizon < np.inf and w.min() >= horizon:
+            if w[0] >= horizon:  # one of the level's starts: where to stop is a choice of when to look, not a result
                 break
         return self.level < len(levels)
 
