@@ -14,7 +14,8 @@ and end are the same to the bit; what a rank's waits add up to is summed by nump
 sums can differ from the loop's in the last digit.
 
 Hand-written: numpy evaluates the arithmetic; grouping a graph's nodes by depth to do so is not in numpy, and
-networkx's topological generations would walk the same graph node by node in Python at several times the cost.
+networkx's topological generations would walk the same graph node by node in Python, as `_levels` does, after
+building it as a dictionary of dictionaries first.
 """
 
 from __future__ import annotations
@@ -276,14 +277,6 @@ class LevelTimer:
         """Every action's times, once `run` has timed them all."""
         assert self.level == len(self.graph.levels)
         return Timed(self.graph, *self.times(), self.arrivals())
-
-
-def time_graph(graph: Graph, total: Floats, p2p: Floats, gathered: Floats | None, blocking: bool) -> Timed:
-    """Time every action of `graph`: `total` seconds per price, `p2p` per hop, `gathered` the time each first
-    forward's ZeRO-3 gather is done (None: no gathers)."""
-    timer = LevelTimer(graph, total, p2p, gathered, blocking)
-    timer.run()
-    return timer.timed()
 
 
 def rank_waits(timed: Timed, ranks: int, blocking: bool) -> dict[str, Any]:

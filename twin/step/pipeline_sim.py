@@ -30,13 +30,14 @@ from twin.step.pipeline_steps import MESSAGE, OWN_RANK, PriceKey, schedule_steps
 from twin.step.schedules import Action
 
 LEVELS_FROM_RANKS = 4
-"""Pipeline ranks from which a GPU step is timed a level at a time (`PipelineSim.by_levels`)."""
+"""Pipeline ranks from which a GPU step is timed a level at a time (`levels_pay`)."""
 
 
 def levels_pay(inp: PipelineInput) -> bool:
     """Whether a GPU step's whole pipeline is better timed a level at a time than action by action: from
     LEVELS_FROM_RANKS ranks, where a level holds enough actions for numpy's per-call cost to pay (measured on the
-    presets and Narayanan et al.'s rows: equal at pp 1-2, 1.2-1.6x faster from pp 4, 5x at pp 64-128)."""
+    presets and Narayanan et al.'s rows, one core: about equal at pp 1-4, 1.2-2.6x faster at pp 8-16, 12x at
+    pp 35)."""
     return inp.host is None and len(inp.orders) >= LEVELS_FROM_RANKS
 
 
@@ -45,9 +46,9 @@ Priced = tuple[ActionCost, float, tuple[tuple[str, float], ...], float]
 
 
 class PipelineSim:
-    """One step: each GPU rank's actions timed in dependency order (`evaluate`, `evaluate_levels`), then a SimPy
-    process per rank for its step's end (`finish`), per gradient bucket, and the barrier they all join. A CPU
-    host's step (HostPipelineSim) runs a process per rank and per rank's ZeRO-3 gathers."""
+    """One step: each GPU rank's actions timed in dependency order (`evaluate`; a level at a time, `level_timer`),
+    then a SimPy process per rank for its step's end (`finish`), per gradient bucket, and the barrier they all join.
+    A CPU host's step (HostPipelineSim) runs a process per rank and per rank's ZeRO-3 gathers."""
 
     def __init__(self, inp: PipelineInput) -> None:
         self.inp = inp
