@@ -20,9 +20,10 @@ Two ways to see that repeat, by how soon the schedule reaches it:
   is the same as a period earlier shifted by one time (the window spans the farthest two consecutive actions of a
   rank are apart, so everything later follows from it), the steady state has been reached. Two short steps that
   hold that window, a period apart, are then simulated whole, checked event by event to be one another with a
-  period inserted, and extended. Where the repeat comes too late to save time, the step of m simply runs on (a
-  deep GPU pipeline's is timed again whole a level at a time, pipeline_levels.py, which costs less than watching
-  the rest of it action by action).
+  period inserted, and extended. The step watched is first a shorter one (WATCHED_WINDOWS windows of microbatches,
+  doubled while its events do not repeat before its own cool-down), so that the step of m is built only where it
+  must be simulated: where the repeat comes too late to save time, or the short steps do not check out, the step
+  of m is simulated whole (run on, where the step watched was the step of m itself).
 
 tests/test_steady.py holds the extended result equal to the full simulation for every schedule. A CPU host's
 shared cores are state the events do not show, so a CPU host's steps keep counts a pipeline depth apart from two
