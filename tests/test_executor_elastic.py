@@ -57,6 +57,17 @@ def agent(out: Path, nnodes: str, port: int, log: Path) -> subprocess.Popen[byte
         return subprocess.Popen(cmd, cwd=ROOT, env=child_env(2), stdout=sink, stderr=subprocess.STDOUT)
 
 
+def listening(port: int) -> bool:
+    """Whether a socket listens on `port` (/proc/net/tcp, state 0A): asked without connecting to it."""
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError):
+            for line in Path(table).read_text().splitlines()[1:]:
+                fields = line.split()
+                if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                    return True
+    return False
+
+
 def kill_tree(pid: int) -> None:
     for each in process_tree(pid):
         with contextlib.suppress(ProcessLookupError):
@@ -113,7 +124,12 @@ def test_losing_a_node_shrinks_the_gang_to_half_and_the_losses_carry_on(
     `restart` event timing the failure to the end of the first new step."""
     out, port = tmp_path / "run", free_port()
     first = agent(out, "1:2", port, tmp_path / "agent-a.log")
-    time.sleep(0.5)  # so that the first agent hosts the rendezvous store, which must outlive the lost node
+    # the first agent must host the rendezvous store, which has to outlive the lost node: the second starts only
+    # once the store listens (a fixed half second lost that race on a loaded machine, in CI at a60923a)
+    deadline = time.monotonic() + 120
+    while not listening(port):
+        assert time.monotonic() < deadline and first.poll() is None, (tmp_path / "agent-a.log").read_text()
+        time.sleep(0.1)
     second = agent(out, "1:2", port, tmp_path / "agent-b.log")
     try:
         deadline = time.monotonic() + 300
