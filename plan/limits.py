@@ -32,8 +32,9 @@ class Limits:
     step_actions: int = 200_000
     """Pipeline actions one command simulates: pp · virtual_stages · microbatches · passes (F, B and, for the
     zero-bubble schedules, W) per simulated step; the presets need at most 11,520, the whole 385k-GPU fleet's
-    pp-128 layout 63,744. A GPU step times about a million actions a second (twin/step/pipeline_levels.py), a
-    CPU host's some 50,000."""
+    pp-128 layout 63,744. A GPU step times 0.6-1 million actions a second at pp 128 (twin/step/pipeline_levels.py,
+    benchmarks/predict_speed.py); a CPU host's event-by-event step about 14,000 (cpu-tiny under ZB-H1: 3,072
+    actions in 0.22 s on one core), so the limit's worst step there takes some 15 s."""
     run_interruptions: int = 20_000
     """Failures, slow nodes and maintenance one simulated run may draw (reference-100k draws about 4,300; the
     1T model's ~950-day run on tpu-v4-pods about 5,500)."""

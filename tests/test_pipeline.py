@@ -11,7 +11,8 @@ from twin.step import pipeline_sim
 from twin.step.host import HostSharing
 from twin.step.pipeline import simulate
 from twin.step.pipeline_data import ActionCost, PipelineInput, PipelineResult, RankTimes
-from twin.step.schedules import build, peak_live, splits_weight_grad, stage_rank
+from twin.step.pipeline_steps import schedule_steps
+from twin.step.schedules import Action, build, peak_live, splits_weight_grad, stage_rank
 
 SCHEDULES = [("gpipe", 1), ("1f1b", 1), ("interleaved-1f1b", 2), ("zb-h1", 1), ("zbv", 2), ("dualpipe-v", 2)]
 
@@ -158,3 +159,14 @@ def _spans(result: PipelineResult) -> list[tuple[int, int, str, int, float, floa
     rounded to 1e-9 s, in one order."""
     spans = ((*s[:4], round(s.start, 9), round(s.end, 9), s.track) for s in result.slices if s.end - s.start > 1e-9)
     return sorted(spans)
+
+
+def test_orders_that_wait_in_a_circle_are_refused_naming_the_wait() -> None:
+    """pipeline_steps.dependency_order walks the ranks as they would run; orders where each rank first waits for a
+    message the other sends only later can never run, and the walk says which wait is stuck."""
+    circle = ((Action("B", 0, 0), Action("F", 0, 0)), (Action("F", 0, 1), Action("B", 0, 1)))
+    with pytest.raises(RuntimeError, match=r"rank 0 waits for \('B', 0, 0\)"):
+        schedule_steps(circle, (0, 1), False)
+    runnable = (circle[0][::-1], circle[1])
+    order = schedule_steps(runnable, (0, 1), False).order
+    assert sorted((r, i) for r, first, stop in order for i in range(first, stop)) == [(0, 0), (0, 1), (1, 0), (1, 1)]

@@ -101,29 +101,27 @@ and end (what twin/step/steady.py compares steps by)."""
 
 def columns_of(spans: Iterable[Slice]) -> Columns:
     """The actions among `spans` as columns."""
-    pairs: dict[tuple[str, int], int] = {}
-    codes, microbatches, starts, ends = [], [], [], []
-    for s in spans:
-        if s.track == "compute" and s.microbatch >= 0:
-            codes.append(pairs.setdefault((s.kind, s.stage), len(pairs)))
-            microbatches.append(s.microbatch)
-            starts.append(s.start)
-            ends.append(s.end)
-    ints = np.int64
-    return tuple(pairs), np.array(codes, ints), np.array(microbatches, ints), np.array(starts), np.array(ends)
+    return _columns(
+        (s.kind, s.stage, s.microbatch, s.start, s.end) for s in spans if s.track == "compute" and s.microbatch >= 0
+    )
 
 
 def arrival_columns(arrivals: Iterable[tuple[tuple[str, int, int], float]]) -> Columns:
     """Messages' arrivals as columns: the (kind, stage it feeds) pairs, and per message the index of its pair, its
     microbatch, and its arrival twice (as start and end)."""
+    return _columns((kind, stage, microbatch, t, t) for (kind, stage, microbatch), t in arrivals)
+
+
+def _columns(rows: Iterable[tuple[str, int, int, float, float]]) -> Columns:
     pairs: dict[tuple[str, int], int] = {}
-    codes, microbatches, times = [], [], []
-    for (kind, stage, microbatch), t in arrivals:
+    codes, microbatches, starts, ends = [], [], [], []
+    for kind, stage, microbatch, start, end in rows:
         codes.append(pairs.setdefault((kind, stage), len(pairs)))
         microbatches.append(microbatch)
-        times.append(t)
-    at = np.array(times)
-    return tuple(pairs), np.array(codes, np.int64), np.array(microbatches, np.int64), at, at
+        starts.append(start)
+        ends.append(end)
+    ints = np.int64
+    return tuple(pairs), np.array(codes, ints), np.array(microbatches, ints), np.array(starts), np.array(ends)
 
 
 class Spans(Sequence[Slice]):

@@ -20,14 +20,13 @@ building it as a dictionary of dictionaries first.
 
 from __future__ import annotations
 
-from collections.abc import ItemsView, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
 import numpy as np
 
-from twin.step.pipeline_data import Columns, Exposure, Slice, Spans
+from twin.step.pipeline_data import Columns
 from twin.step.pipeline_steps import MESSAGE, OWN_RANK, Key, PriceKey, Schedule, Step
 
 Ints = np.ndarray[Any, np.dtype[np.int64]]
@@ -83,13 +82,25 @@ class Graph:
     last: Ints
     """Each rank's last action."""
 
+    @cached_property
+    def pairs(self) -> tuple[tuple[str, int], ...]:
+        """The (kind, stage) of each price."""
+        return tuple((kind, stage) for kind, stage, _ in self.prices)
+
+    def action_columns(self, lo: int, hi: int, start: Floats, end: Floats) -> Columns:
+        """Actions lo to hi, which start and end at `start` and `end`, as columns (pipeline_data.columns_of)."""
+        return self.pairs, self.price[lo:hi], self.microbatch[lo:hi], start, end
+
+    def arrival_columns(self, lo: int, hi: int, at: Floats) -> Columns:
+        """Messages lo to hi, which arrive at `at`, as columns (pipeline_data.arrival_columns)."""
+        return self.feeds, self.feed[lo:hi], self.message_microbatch[lo:hi], at, at
+
 
 def graph_of(schedule: Schedule) -> Graph:
     """The schedule's graph, kept with it."""
     cached = schedule.graph
     if cached is None:
-        cached = _build(schedule)
-        schedule.keep_graph(cached)
+        cached = schedule.graph = _build(schedule)
     assert isinstance(cached, Graph)
     return cached
 
@@ -108,7 +119,16 @@ def _build(schedule: Schedule) -> Graph:
     hops: dict[tuple[int, int], int] = {}
     link_last: dict[tuple[int, int], int] = {}
     done_index: dict[Key, int] = {}
+    prices: dict[PriceKey, int] = {}
+    price = np.empty(n, dtype=np.int64)
+    firsts: list[int] = []
+    finals: list[int] = []
     for g, s in enumerate(steps):
+        price[g] = prices.setdefault(s.price, len(prices))
+        if s.first_forward:
+            firsts.append(g)
+        if s.final_grad:
+            finals.append(g)
         if s.done is not None:
             done_index[s.done] = g
         if s.sends is not None:
@@ -151,10 +171,6 @@ def _build(schedule: Schedule) -> Graph:
     ordered_keys = [keys[i] for i in msg_order.tolist()]
     feeds: dict[tuple[str, int], int] = {}
     feed = np.array([feeds.setdefault((kind, stage), len(feeds)) for kind, stage, _ in ordered_keys], np.int64)
-    prices: dict[PriceKey, int] = {}
-    price = np.array([prices.setdefault(s.price, len(prices)) for s in steps], dtype=np.int64)
-    firsts = [g for g, s in enumerate(steps) if s.first_forward]
-    finals = [g for g, s in enumerate(steps) if s.final_grad]
     return Graph(
         steps=tuple(steps[g] for g in order.tolist()),
         rank=rank[order],
@@ -279,109 +295,30 @@ class LevelTimer:
         return Timed(self.graph, *self.times(), self.arrivals())
 
 
-def rank_waits(timed: Timed, ranks: int, blocking: bool) -> dict[str, Any]:
-    """What each rank's waits add to its times: pp (a message on the wire, a blocking send), bubble (waiting
-    for a message not yet sent) and dp (a ZeRO-3 gather), summed per rank."""
+def message_waits(timed: Timed) -> tuple[Floats, Floats]:
+    """Each action's wait for its message, split as the action-by-action loop splits it: the part while the
+    message was on the wire (or queued for its link), and the idle part before it was sent; 0 where none."""
     g = timed.graph
     waiting = g.message < len(g.sender)
     at = timed.arrival[g.message[waiting]]
     ready = timed.ready[waiting]
-    late = at > ready
     sent = timed.end[g.sender[g.message[waiting]]]
-    on_wire = np.where(late, np.minimum(at - ready, at - sent), 0.0)
-    idle = np.where(late, at - ready - on_wire, 0.0)
-    rank = g.rank[waiting]
-    pp = np.bincount(rank, on_wire, ranks)
+    late = at > ready
+    on_wire, idle = np.zeros(len(g.steps)), np.zeros(len(g.steps))
+    on_wire[waiting] = np.where(late, np.minimum(at - ready, at - sent), 0.0)
+    idle[waiting] = np.where(late, at - ready - on_wire[waiting], 0.0)
+    return on_wire, idle
+
+
+def rank_waits(timed: Timed, ranks: int, blocking: bool) -> dict[str, Any]:
+    """What each rank's waits add to its times: pp (a message on the wire, a blocking send), bubble (waiting
+    for a message not yet sent) and dp (a ZeRO-3 gather), summed per rank."""
+    g = timed.graph
+    on_wire, idle = message_waits(timed)
+    pp = np.bincount(g.rank, on_wire, ranks)
     if blocking:
         sending = g.sends >= 0
         pp += np.bincount(g.rank[sending], timed.arrival[g.sends[sending]] - timed.end[sending], ranks)
     gate = timed.start - timed.waited
     dp = np.bincount(g.rank, np.where(gate > 0, gate, 0.0), ranks)
-    return {"pp": pp, "bubble": np.bincount(rank, idle, ranks), "dp": dp}
-
-
-class LevelSpans(Spans):
-    """The timeline of a step timed level by level: its spans made from the arrays only when read."""
-
-    def __init__(
-        self, timed: Timed, prices: Mapping[PriceKey, Any], blocking: bool, after: Sequence[Slice] = ()
-    ) -> None:
-        super().__init__()
-        self.timed, self.prices, self.blocking = timed, prices, blocking
-        self.after = after
-        """The spans recorded after the actions (each rank's end of step: DP reduction, barrier, optimizer)."""
-
-    @cached_property
-    def _spans(self) -> tuple[tuple[Slice, ...], tuple[Exposure, ...]]:
-        t, g = self.timed, self.timed.graph
-        recorded: list[Slice] = []
-        exposures: list[Exposure] = []
-        for i, s in enumerate(g.steps):
-            a, rank = s.action, int(g.rank[i])
-            ready, waited, start, end = t.ready[i], t.waited[i], t.start[i], t.end[i]
-            msg = g.message[i]
-            if msg < len(g.sender) and waited > ready:
-                at = float(t.arrival[msg])
-                on_wire = min(at - ready, at - float(t.end[g.sender[msg]]))
-                if on_wire > 0:
-                    recorded.append(Slice(rank, a.stage, "PP", a.microbatch, at - on_wire, at, "comm"))
-            if start > waited:
-                recorded.append(Slice(rank, a.stage, "DP", a.microbatch, float(waited), float(start), "comm"))
-            recorded.append(Slice(rank, a.stage, a.kind, a.microbatch, float(start), float(end)))
-            _, _, exposed, exposed_s = self.prices[s.price]
-            if exposed:
-                exposures.append((len(recorded) - 1, rank, a.stage, a.microbatch, float(end) - exposed_s, exposed))
-            if self.blocking and s.sends is not None:
-                arrived = float(t.arrival[g.sends[i]])
-                if arrived > end:
-                    recorded.append(Slice(rank, a.stage, "PP", a.microbatch, float(end), arrived, "comm"))
-        return (*recorded, *self.after), tuple(exposures)
-
-    @property
-    def recorded(self) -> Sequence[Slice]:
-        return self._spans[0]
-
-    @property
-    def exposures(self) -> Sequence[Exposure]:
-        return self._spans[1]
-
-    def actions(self) -> Columns:
-        g = self.timed.graph
-        pairs = tuple((kind, stage) for kind, stage, _ in g.prices)
-        return pairs, g.price, g.microbatch, self.timed.start, self.timed.end
-
-    def first(self, rank: int, kind: str) -> Slice:
-        g, t = self.timed.graph, self.timed
-        i = next(i for i in range(len(g.steps)) if g.rank[i] == rank and g.steps[i].action.kind == kind)
-        a = g.steps[i].action
-        return Slice(rank, a.stage, a.kind, a.microbatch, float(t.start[i]), float(t.end[i]))
-
-
-class Arrivals(Mapping[Key, float]):
-    """When each message arrived, by its key: a dict made only when read."""
-
-    def __init__(self, timed: Timed) -> None:
-        self.timed = timed
-
-    @cached_property
-    def _by_key(self) -> dict[Key, float]:
-        return dict(zip(self.timed.graph.keys, self.timed.arrival.tolist(), strict=True))
-
-    def __getitem__(self, key: Key) -> float:
-        return self._by_key[key]
-
-    def __iter__(self) -> Iterator[Key]:
-        return iter(self._by_key)
-
-    def __len__(self) -> int:
-        return len(self._by_key)
-
-    def items(self) -> ItemsView[Key, float]:
-        return self._by_key.items()
-
-    def columns(self, lo: int = 0, hi: int | None = None) -> Columns:
-        """Messages lo to hi (all) as columns (pipeline_data.arrival_columns)."""
-        g = self.timed.graph
-        hi = len(g.sender) if hi is None else hi
-        at = self.timed.arrival[lo:hi]
-        return g.feeds, g.feed[lo:hi], g.message_microbatch[lo:hi], at, at
+    return {"pp": pp, "bubble": np.bincount(g.rank, idle, ranks), "dp": dp}

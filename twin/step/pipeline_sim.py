@@ -25,8 +25,9 @@ from twin.step.pipeline_data import (
     arrival_columns,
     columns_of,
 )
-from twin.step.pipeline_levels import Arrivals, LevelSpans, LevelTimer, Timed, graph_of, rank_waits
+from twin.step.pipeline_levels import LevelTimer, Timed, graph_of, rank_waits
 from twin.step.pipeline_steps import MESSAGE, OWN_RANK, PriceKey, schedule_steps
+from twin.step.pipeline_views import Arrivals, LevelSpans
 from twin.step.schedules import Action
 
 LEVELS_FROM_RANKS = 4
@@ -137,10 +138,8 @@ class PipelineSim:
             g, timer = self.timer.graph, self.timer
             lo, hi, first, last = since[0], timer.actions, since[1], timer.messages
             _, _, start, end = timer.times(lo, hi)
-            pairs = tuple((kind, stage) for kind, stage, _ in g.prices)
-            at = timer.arrivals(first, last)
-            arrived: Columns = (g.feeds, g.feed[first:last], g.message_microbatch[first:last], at, at)
-            return (pairs, g.price[lo:hi], g.microbatch[lo:hi], start, end), arrived, (hi, last)
+            actions = g.action_columns(lo, hi, start, end)
+            return actions, g.arrival_columns(first, last, timer.arrivals(first, last)), (hi, last)
         arrived = arrival_columns(islice(self.arrived_at.items(), since[1], None))
         return columns_of(self.slices[since[0] :]), arrived, (len(self.slices), len(self.arrived_at))
 

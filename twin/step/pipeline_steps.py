@@ -72,9 +72,6 @@ class Schedule:
         self.graph: object | None = None
         """The arrays twin/step/pipeline_levels.py times a deep pipeline's step with, kept here once built."""
 
-    def keep_graph(self, graph: object) -> None:
-        self.graph = graph
-
 
 _CACHE: dict[int, tuple[object, tuple[int, ...], bool, Schedule]] = {}
 _CACHED = 16

@@ -39,6 +39,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import fields, replace
 from itertools import pairwise
+from typing import Literal
 
 import numpy as np
 
@@ -60,7 +61,9 @@ far than that (`_two_short_steps` checks it)."""
 
 WATCHED_WINDOWS = 16
 """Windows of microbatches a zero-bubble step is first watched over (twice as many each time its events do not
-repeat in time): the step of m itself is built only where it must be simulated whole, not to be watched."""
+repeat in time): the step of m itself is built only where it must be simulated whole, not to be watched. A
+choice, checked on GPT-3 175B: its repeats come at 83-323 microbatches, which 16 windows less the tail (window
+5-33 microbatches at pp 4-16) hold from pp 8 on and one doubling holds at pp 4."""
 
 REL_TOL = 1e-9
 """How closely the two differences must agree, relative to the figure, for the steady state to count as reached."""
@@ -196,7 +199,7 @@ def _watch(
     length: int,
     m: int,
     events: int,
-) -> PipelineResult | str:
+) -> PipelineResult | Literal["costly", "unchecked", "beyond"]:
     """Watch a step of `length` microbatches (the first `length` of a step of `m` run the same until its own
     cool-down, which reaches back less than a tail) until its events repeat, and extend the step of m from there
     (the result); else why not: "costly" (extending would cost what the rest of the step of m does), "unchecked"
