@@ -9,8 +9,9 @@ import pytest
 
 from twin.step import pipeline_sim
 from twin.step.host import HostSharing
-from twin.step.pipeline import simulate
+from twin.step.pipeline import Watched, simulate
 from twin.step.pipeline_data import ActionCost, PipelineInput, PipelineResult, RankTimes
+from twin.step.pipeline_levels import LevelTimer
 from twin.step.pipeline_steps import schedule_steps
 from twin.step.schedules import Action, build, peak_live, splits_weight_grad, stage_rank
 
@@ -126,22 +127,7 @@ def test_a_gpu_rank_running_ahead_of_the_clock_times_the_step_as_event_by_event(
     the same step: uneven stages, exposed TP inside actions, slow point-to-point sends that queue on their link,
     bucketed DP reduction, a ZeRO-3 gather and an optimizer per rank."""
     monkeypatch.setattr(pipeline_sim, "LEVELS_FROM_RANKS", 1 if levels else 10**9)
-    p, m = 4, 11
-    orders = build(name, p, v, m)
-    stages, split = p * v, splits_weight_grad(name)
-    costs = {}
-    for s in range(stages):
-        scale = 1.0 + 0.37 * (s % 3) + (0.5 if s == stages - 1 else 0.0)  # uneven; the last stage has the head
-        costs[("F", s)] = ActionCost(compute=scale, tp=0.11)
-        costs[("B", s)] = ActionCost(compute=1.3 * scale, recompute=0.2, tp=0.07)
-        costs[("W", s)] = ActionCost(compute=0.9 * scale)
-    sends = {(a, c): 1.2 + 0.05 * a for a in range(stages) for c in (a - 1, a + 1)}  # longer than some actions
-    ranks = tuple(stage_rank(name, p, s) for s in range(stages))
-    inp = PipelineInput(
-        orders, ranks, costs, sends, split, dp_stage_s={s: 2.5 for s in range(stages)},
-        gather_stage_s={s: 0.3 for s in range(stages)}, optimizer_s={r: 0.2 for r in range(p)}, barrier_s=0.05,
-        dp_overlap=0.8, blocking_sends=blocking,
-    )  # fmt: skip
+    inp = _uneven(name, 4, v, 11, blocking)
     never_shared = HostSharing(cores=1e9, weight=1.0, ranks_per_pool=1, physical_cores=1e9)
     ahead, each = simulate(inp), simulate(replace(inp, host=never_shared))
     assert ahead.step_s == pytest.approx(each.step_s, rel=1e-12)
@@ -152,6 +138,53 @@ def test_a_gpu_rank_running_ahead_of_the_clock_times_the_step_as_event_by_event(
     assert ahead.arrivals == pytest.approx(dict(each.arrivals), rel=1e-12)
     assert ahead.events < each.events / 2
     assert ahead.slices.first(0, "F") == each.slices.first(0, "F")
+
+
+def _uneven(name: str, p: int, v: int, m: int, blocking: bool) -> PipelineInput:
+    """A step whose stages cost unevenly (the last has the head), with exposed TP inside actions, slow
+    point-to-point sends that queue on their link, bucketed DP reduction, a ZeRO-3 gather and an optimizer."""
+    orders = build(name, p, v, m)
+    stages, split = p * v, splits_weight_grad(name)
+    costs = {}
+    for s in range(stages):
+        scale = 1.0 + 0.37 * (s % 3) + (0.5 if s == stages - 1 else 0.0)
+        costs[("F", s)] = ActionCost(compute=scale, tp=0.11)
+        costs[("B", s)] = ActionCost(compute=1.3 * scale, recompute=0.2, tp=0.07)
+        costs[("W", s)] = ActionCost(compute=0.9 * scale)
+    sends = {(a, c): 1.2 + 0.05 * a for a in range(stages) for c in (a - 1, a + 1)}  # longer than some actions
+    ranks = tuple(stage_rank(name, p, s) for s in range(stages))
+    return PipelineInput(
+        orders, ranks, costs, sends, split, dp_stage_s={s: 2.5 for s in range(stages)},
+        gather_stage_s={s: 0.3 for s in range(stages)}, optimizer_s={r: 0.2 for r in range(p)}, barrier_s=0.05,
+        dp_overlap=0.8, blocking_sends=blocking,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("name,v", [("zb-h1", 1), ("zbv", 2), ("dualpipe-v", 2), ("1f1b", 1)])
+@pytest.mark.parametrize("blocking", [False, True])
+def test_a_short_step_takes_the_levels_a_longer_one_timed_and_times_the_same(
+    name: str, v: int, blocking: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A short zero-bubble step begins as the longer step watched before it (twin/step/steady.py): it takes the
+    levels the longer one has timed (LevelTimer.resume) and times only the rest, to the same result, bit for
+    bit, as timing all of it. A step whose first levels are priced otherwise takes nothing."""
+    taken: list[bool] = []
+    resume = LevelTimer.resume
+    monkeypatch.setattr(LevelTimer, "resume", lambda self, other: taken.append(resume(self, other)) or taken[-1])
+    long = _uneven(name, 4, v, 40, blocking)
+    watched = Watched(long)
+    watched.advance(40.0)  # about a quarter of the long step
+    assert watched.timer is not None and 0 < watched.timer.level < len(watched.timer.graph.levels)
+    short = replace(long, orders=build(name, 4, v, 24))
+    resumed, whole = simulate(short, resume=watched.timer), simulate(short)
+    assert taken == [True]
+    assert resumed.step_s == whole.step_s and resumed.ranks == whole.ranks
+    assert _spans(resumed) == _spans(whole) and dict(resumed.arrivals) == dict(whole.arrivals)
+    dearer = dict(long.costs)
+    dearer[("F", 1)] = ActionCost(compute=1.5, tp=0.11)
+    other = replace(short, costs=dearer)
+    assert simulate(other, resume=watched.timer).ranks == simulate(other).ranks
+    assert taken == [True, False]
 
 
 def _spans(result: PipelineResult) -> list[tuple[int, int, str, int, float, float, str]]:

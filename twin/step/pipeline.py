@@ -28,6 +28,7 @@ from contextlib import contextmanager
 
 from twin.step.pipeline_data import Columns, PipelineInput, PipelineResult
 from twin.step.pipeline_host import HostPipelineSim
+from twin.step.pipeline_levels import LevelTimer
 from twin.step.pipeline_sim import PipelineSim
 
 
@@ -50,10 +51,12 @@ def no_cycle_collection() -> Iterator[None]:
             gc.enable()
 
 
-def simulate(inp: PipelineInput) -> PipelineResult:
-    """Run one step of the pipeline and return its time, per-rank breakdown and timeline."""
+def simulate(inp: PipelineInput, resume: LevelTimer | None = None) -> PipelineResult:
+    """Run one step of the pipeline and return its time, per-rank breakdown and timeline. `resume`: a longer
+    step's level timer (`Watched.timer`) whose levels timed so far this step begins with, where it does."""
     with no_cycle_collection():
         sim = _sim(inp)
+        sim.resume_from = resume
         sim.start()
         sim.run()
         return sim.result()
@@ -72,6 +75,11 @@ class Watched:
         """The actions and the message arrivals timed since the last call, as columns."""
         columns, arrivals, self._seen = self._sim.progress(self._seen)
         return columns, arrivals
+
+    @property
+    def timer(self) -> LevelTimer | None:
+        """The step's level timer, where it is timed a level at a time."""
+        return self._sim.timer
 
     @property
     def events(self) -> int:

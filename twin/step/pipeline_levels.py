@@ -273,6 +273,31 @@ class LevelTimer:
                 break
         return self.level < len(levels)
 
+    def resume(self, other: LevelTimer) -> bool:
+        """Take the levels `other` has timed as this graph's own, where this graph begins with the same ones: the
+        same actions and messages numbered alike, waiting on the same slots, at the same costs and gates (a short
+        zero-bubble step begins as the longer step watched before it, twin/step/steady.py). Those float operations
+        would give the same times, so copying them is exact; anything else about the two graphs is not assumed
+        but compared. False, with nothing taken, where they differ or this timer has begun."""
+        done, a, k = other.level, other.actions, other.messages
+        g, h = self.graph, other.graph
+        if self.level or not done or g.levels[:done] != h.levels[:done] or self.blocking != other.blocking:
+            return False
+        same = (
+            np.array_equal(self.cost[:a], other.cost[:a])
+            and np.array_equal(self.moved[:k], other.moved[:k])
+            and all(np.array_equal(_slots(x[:a], self), _slots(y[:a], other)) for x, y in _waits(g, h, self.blocking))
+            and np.array_equal(_slots(g.queued_after[:k], self), _slots(h.queued_after[:k], other))
+            and (self.gate is None) == (other.gate is None)
+            and (self.gate is None or np.array_equal(self.gate[:a], other.gate[:a]))  # type: ignore[index]
+        )
+        if not same:
+            return False
+        self.t[:a] = other.t[:a]
+        self.t[self.n + 2 : self.n + 2 + k] = other.t[other.n + 2 : other.n + 2 + k]
+        self.level, self.actions, self.messages = done, a, k
+        return True
+
     def times(self, lo: int = 0, hi: int | None = None) -> tuple[Floats, Floats, Floats, Floats]:
         """(ready, waited, start, end) of actions lo to hi (all timed)."""
         g, t = self.graph, self.t
@@ -293,6 +318,22 @@ class LevelTimer:
         """Every action's times, once `run` has timed them all."""
         assert self.level == len(self.graph.levels)
         return Timed(self.graph, *self.times(), self.arrivals())
+
+
+def _waits(g: Graph, h: Graph, blocking: bool) -> list[tuple[Ints, Ints]]:
+    """The slots two graphs' actions wait on, side by side: previous action, what else, the previous send."""
+    pairs = [(g.prev, h.prev), (g.depends, h.depends)]
+    return [*pairs, (g.prev_sent, h.prev_sent)] if blocking else pairs
+
+
+def _slots(slots: Ints, timer: LevelTimer) -> Ints:
+    """Slots numbered as any graph of the same first levels numbers them: an action's end as it is, zero as -1,
+    a message's arrival as -3 - its message, minus infinity (either slot) as -2."""
+    n, last = timer.n, len(timer.t) - 1
+    out = np.where(slots >= n + 2, n - 1 - slots, slots)
+    out[slots == n] = -1
+    out[(slots == n + 1) | (slots == last)] = -2
+    return out
 
 
 def message_waits(timed: Timed) -> tuple[Floats, Floats]:

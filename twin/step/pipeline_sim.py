@@ -67,6 +67,8 @@ class PipelineSim:
         self.slices: list[Slice] = []
         self.exposures: list[Exposure] = []
         self.timer: LevelTimer | None = None
+        self.resume_from: LevelTimer | None = None
+        """A longer step's timer whose levels timed so far this step may begin with (LevelTimer.resume)."""
         self.timed: Timed | None = None
         """A deep pipeline's actions as timed a level at a time, once all are (`level_timer`, `settle_levels`)."""
         self.events = 0
@@ -166,6 +168,8 @@ class PipelineSim:
                 stages = [g.steps[i].action.stage for i in g.first_forward.tolist()]
                 gathered = np.array([self.gathered_at[stage] for stage in stages], dtype=float)
             self.timer = LevelTimer(g, total, p2p, gathered, self.inp.blocking_sends)
+            if self.resume_from is not None:
+                self.timer.resume(self.resume_from)
         return None if self.timed is not None else self.timer
 
     def settle_levels(self, timer: LevelTimer) -> None:

@@ -45,6 +45,7 @@ import numpy as np
 
 from twin.step.pipeline import Watched, simulate
 from twin.step.pipeline_data import Columns, PipelineInput, PipelineResult, RankTimes
+from twin.step.pipeline_levels import LevelTimer
 from twin.step.schedules import Action, receiver
 
 EXTENDED = frozenset({"gpipe", "1f1b", "interleaved-1f1b"})
@@ -214,7 +215,9 @@ def _watch(
         if 2 * n + 1 >= m - done:  # the two short steps would cost what is left of the step of m
             return "costly"
         if done > window + 1 and _repeats(table[:, done - window - 1 : done], _tolerance(table, done)):
-            extended = _two_short_steps(inp, orders_for, slots, table[:, :done], n, m, events + watched.events)
+            extended = _two_short_steps(
+                inp, orders_for, slots, table[:, :done], n, m, events + watched.events, watched.timer
+            )
             return extended if extended is not None else "unchecked"
         if length < m and done >= length - tail:
             return "beyond"
@@ -236,12 +239,15 @@ def _two_short_steps(
     n: int,
     m: int,
     watched: int,
+    timer: LevelTimer | None = None,
 ) -> PipelineResult | None:
     """Steps of n and n + 1 microbatches, extended to m; None unless both begin with the events `seen` (so they
     hold its repeating window) and the longer is the shorter with one microbatch inserted, every event after it
-    one period's time later. `watched`: the events the step of m scheduled before it was stopped."""
-    a = simulate(replace(inp, orders=orders_for(n)))
-    b = simulate(replace(inp, orders=orders_for(n + 1)))
+    one period's time later. `watched`: the events the step of m scheduled before it was stopped. `timer`: the
+    watched step's level timer, whose levels timed so far both begin with (exactly, where LevelTimer.resume finds
+    them numbered, waiting and priced alike), so that they time only what follows."""
+    a = simulate(replace(inp, orders=orders_for(n)), resume=timer)
+    b = simulate(replace(inp, orders=orders_for(n + 1)), resume=timer)
     ta, tb = _table(slots, a, n), _table(slots, b, n + 1)
     done = seen.shape[1]
     tol = _tolerance(tb, n + 1)
