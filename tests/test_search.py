@@ -4,6 +4,7 @@ command's front door (twin/search/)."""
 from __future__ import annotations
 
 import json
+import random
 from collections.abc import Callable
 from concurrent.futures import Executor, Future
 from typing import Any
@@ -16,8 +17,9 @@ from twin import api
 from twin.cli.app import app
 from twin.search import front
 from twin.search.engine import objective_of, search
-from twin.search.evaluate import Bounds
+from twin.search.evaluate import WALK_MARGIN, Bounds, _longest_path, _walk
 from twin.search.space import Space, neutral, shapes
+from twin.step import schedules
 from twin.step.compute import Device
 
 
@@ -64,6 +66,26 @@ def test_bounds_never_exceed_the_simulated_step(base: dict[str, Any], brute: Any
         cheap, tight = bounds.step_s(c.shape, c.knobs), bounds.pipeline_s(c.plan)
         assert cheap is not None
         assert cheap <= tight * (1 + 1e-9) and tight <= c.outcome.step_time_s * (1 + 1e-9), c.label
+
+
+@pytest.mark.parametrize("schedule,v", [("gpipe", 1), ("1f1b", 1), ("interleaved-1f1b", 2)])
+def test_the_bounds_walk_extended_past_its_warm_up_is_the_walk_of_every_microbatch(schedule: str, v: int) -> None:
+    """The bound's longest path through a long step is walked for three short ones and grown by its steady state
+    (evaluate._walk) where they show one: equal to walking every microbatch to within rounding, far inside the
+    margin the bound is lowered by, on stages and transfers that all cost differently."""
+    rng = random.Random(7)
+    extended = 0
+    for pp, m in ((4, 256), (8, 512), (16, 1024)):
+        stages = pp * v
+        durations = {(k, s): rng.uniform(0.5, 2.0) for k in "FBW" for s in range(stages)}
+        owner = schedules.stage_ranks(schedule, pp, stages)
+        p2p = {(a, b): rng.uniform(0.0, 0.3) for a in range(stages) for b in (a - 1, a + 1)}
+        free, last, exact = _walk(schedule, pp, v, m, durations, owner, p2p)
+        every, every_last = _longest_path(schedules.build(schedule, pp, v, m), durations, owner, p2p)
+        extended += not exact
+        assert free == pytest.approx(every, rel=WALK_MARGIN / 100)
+        assert last == pytest.approx(every_last, rel=WALK_MARGIN / 100)
+    assert extended >= 2
 
 
 def test_every_candidate_is_a_plan_validate_accepts(brute: Any) -> None:

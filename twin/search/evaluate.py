@@ -29,6 +29,7 @@ from twin.step.kernels import embedding_cost, head_cost
 from twin.step.memory import stage_layer_ranges
 from twin.step.pipeline_data import PipelineInput
 from twin.step.predict import predict, rank_memory, straggler_factor
+from twin.step.steady import REL_TOL, sample_counts
 
 
 @dataclass(frozen=True)
@@ -144,8 +145,8 @@ class Bounds:
             durations["F", stage], durations["B", stage], durations["W", stage] = f, b - w, w
         ctx = step_context(plan, self.cluster, PredictOptions(), self.stack, self.fabric)
         owner = schedules.stage_ranks(lay.schedule, lay.pp, lay.num_stages)
-        orders = schedules.build(lay.schedule, lay.pp, lay.virtual_stages, plan.num_microbatches)
-        finish, done = _longest_path(orders, durations, owner, p2p_costs(ctx))
+        walk = _walk(lay.schedule, lay.pp, lay.virtual_stages, plan.num_microbatches, durations, owner, p2p_costs(ctx))
+        finish, done, exact = walk
         # each stage's gradient buckets queue on its rank's data-parallel link as its final backward runs (the
         # last one ready only as that action ends); then the rank reduces what its buckets did not overlap, meets
         # the others at the gradient-norm all-reduce (a barrier) and steps its optimizer
@@ -164,6 +165,7 @@ class Bounds:
             after.append(ready + (1 - ctx.dp_overlap) * sum(reduce_s.get(s, 0.0) for s in mine))
         barrier = ctx.time("all_reduce", NORM_REDUCTION_BYTES, ctx.span("dp", "pp", "cp", "tp"))
         step = max(after) + barrier + max(optimizer_s(ctx).values())
+        step *= 1.0 if exact else 1.0 - WALK_MARGIN
         gpu = self.cluster.accelerator.kind != "cpu"
         return step * (straggler_factor(self.cluster, shape.gpus) if gpu else 1.0)
 
@@ -180,6 +182,55 @@ class RankLayers:
     """Holds the first stage (and the embedding)."""
     last: bool
     """Holds the last stage (and the output head)."""
+
+
+WALK_MARGIN = 1e-9
+"""How much an extended walk's bound is lowered: extending sums in another order than walking, so the two can differ
+in the last digits, and a bound must not rise above the step it bounds."""
+
+
+def _walk(
+    schedule: str,
+    pp: int,
+    v: int,
+    m: int,
+    durations: Mapping[tuple[str, int], float],
+    owner: Sequence[int],
+    p2p_s: Mapping[tuple[int, int], float],
+) -> tuple[list[float], dict[tuple[str, int], float], bool]:
+    """`_longest_path` through the schedule's step of m microbatches, and whether it was walked whole (else
+    extended, as twin/step/steady.py extends a step: walked for counts a period apart from past the warm-up, one
+    more at a time until every figure grew alike over the last three, then grown by as many periods more as m
+    needs; walked whole where that would cost as much)."""
+    counts = sample_counts(schedule, pp, m)
+    if counts is not None:
+        step, n = counts[1] - counts[0], counts[-1]
+        walks = [_longest_path(schedules.build(schedule, pp, v, c), durations, owner, p2p_s) for c in counts]
+        spent = sum(counts)
+        while spent < m:
+            grown = _grown(walks[-3:], (m - n) / step)
+            if grown is not None:
+                return *grown, False
+            n += step
+            spent += n
+            walks.append(_longest_path(schedules.build(schedule, pp, v, n), durations, owner, p2p_s))
+    return *_longest_path(schedules.build(schedule, pp, v, m), durations, owner, p2p_s), True
+
+
+Walk = tuple[list[float], dict[tuple[str, int], float]]
+
+
+def _grown(walks: list[Walk], periods: float) -> Walk | None:
+    """The last of three walks a period apart grown by `periods` more, if every figure grew alike between them."""
+
+    def grow(x: float, y: float, z: float) -> float | None:
+        return z + periods * (z - y) if abs((z - y) - (y - x)) <= REL_TOL * max(abs(z), 1e-9) else None
+
+    free = [grow(*ends) for ends in zip(*(w[0] for w in walks), strict=True)]
+    last = {key: grow(*(w[1][key] for w in walks)) for key in walks[-1][1]}
+    if any(f is None for f in free) or any(t is None for t in last.values()):
+        return None
+    return [f for f in free if f is not None], {k: t for k, t in last.items() if t is not None}
 
 
 def _longest_path(
