@@ -417,6 +417,12 @@ DGXC_GROK_H100 = (
 )
 
 
+GROK_STACK_OVERRIDES: dict[str, Any] = {"head_kernels": UNFUSED_CROSS_ENTROPY, "attention_kernel": "fa2"}
+"""What the Grok-1 recipe runs beyond the stack: the unfused cross-entropy, and FlashAttention-2 rather than cuDNN's
+fused attention (grok1/configure.sh exports NVTE_FUSED_ATTN=0, which turns Transformer Engine's cuDNN backend off,
+leaving the flash-attn package; the Llama 3.1 and GPT-3 recipes export NVTE_FUSED_ATTN=1)."""
+
+
 def grok_plan(row: GrokRow, dtype: str) -> Plan:
     """The Grok-1 recipe on DGX H100 SuperPOD nodes: ZeRO-1 (the distributed optimizer), the experts over ep
     inside dp (the README's DP column counts replicas of the whole ep group), interleaved where it sets VP."""
@@ -428,7 +434,7 @@ def grok_plan(row: GrokRow, dtype: str) -> Plan:
             "name": f"dgxc-grok1-{row.gpus}-{dtype}",
             "model": model,
             "cluster": _cluster("dgx-h100-superpod", row.gpus, 16384),
-            "stack": {"name": "nemo-24.12", "overrides": {"head_kernels": UNFUSED_CROSS_ENTROPY}},
+            "stack": {"name": "nemo-24.12", "overrides": GROK_STACK_OVERRIDES},
             "layout": _layout(row.tp, row.pp, dp, 1, row.virtual, cp=row.cp, ep=row.ep, zero=1, sequence_parallel=True),
             "training": {"global_batch": row.batch, "tokens": 1e12, "dtype": dtype},
         }
