@@ -11,7 +11,9 @@ from pydantic import ValidationError
 from plan.cluster import Cluster
 from plan.loader import load_cluster
 from plan.rank_grid import RankGrid
+from twin.step import fabric as fabric_module
 from twin.step.collectives import collective_time
+from twin.step.context import fabric_of
 from twin.step.fabric import Fabric
 
 
@@ -159,3 +161,20 @@ def test_pods_need_a_network_between_them_and_must_tile_the_fleet() -> None:
     data["fabric"]["torus"]["dims"] = [16, 20, 27]
     with pytest.raises(ValidationError, match="pod of 8640 chips"):
         Cluster.model_validate(data)
+
+
+def test_predictions_of_one_cluster_share_its_fabric_and_its_span_cache_stays_bounded(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Predictions of one cluster share its fabric and the spans it has worked out (context.fabric_of); a fabric
+    shared so keeps only the recent groups, and what it works out again is what it had."""
+    cluster = load_cluster("dgx-h100-superpod")
+    shared = fabric_of(cluster, ())
+    assert fabric_of(cluster, ()) is shared
+    assert fabric_of(cluster, ((0, 5),)) is not shared
+    assert fabric_of(load_cluster("dgx-h100-superpod", overrides={"nodes": 64}), ()) is not shared
+    monkeypatch.setattr(fabric_module, "SPANS_KEPT", 2)
+    groups = [np.arange(8), np.arange(0, 64, 8), np.arange(16)]
+    first = [shared.span(g) for g in groups]
+    assert len(shared._spans) <= 2
+    assert [shared.span(g) for g in groups] == first

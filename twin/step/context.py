@@ -130,7 +130,7 @@ def step_context(
         plan=plan,
         cluster=cluster,
         stack=stack,
-        fabric=fabric or Fabric(cluster, dict(options.relocated)),
+        fabric=fabric or fabric_of(cluster, options.relocated),
         grid=RankGrid.from_layout(lay),
         device=Device.of(
             cluster,
@@ -144,6 +144,24 @@ def step_context(
         net=InNetwork(nvls_link_Bps=nvls, sharp=cluster.fabric.sharp),
         options=options,
     )
+
+
+_FABRICS: dict[tuple[int, tuple[tuple[int, int], ...]], tuple[Cluster, Fabric]] = {}
+
+
+def fabric_of(cluster: Cluster, relocated: tuple[tuple[int, int], ...]) -> Fabric:
+    """The fabric of `cluster` with `relocated` nodes, kept by the cluster's identity (the loader hands one object
+    per cluster file and overrides), so that predictions of one cluster share its spans: at pp 64 working out the
+    128 stage-to-stage links' spans again was a sixth of a prediction."""
+    key = (id(cluster), relocated)
+    hit = _FABRICS.get(key)
+    if hit is not None and hit[0] is cluster:
+        return hit[1]
+    if len(_FABRICS) >= 8:
+        _FABRICS.pop(next(iter(_FABRICS)))
+    fabric = Fabric(cluster, dict(relocated))
+    _FABRICS[key] = (cluster, fabric)
+    return fabric
 
 
 def shape_of(ctx: StepContext) -> Shape:

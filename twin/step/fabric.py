@@ -104,6 +104,11 @@ def _tier(name: str, level: int, span: int, bw_GBps: float, eff: float, lat_us: 
     return Tier(name, level, span, bw_GBps * eff * GB, bw_GBps * GB, lat_us * US, oversub)
 
 
+SPANS_KEPT = 4096
+"""Groups whose spans a fabric keeps (keys up to a whole fleet's ranks, 3 MB at 385k): predictions share a
+cluster's fabric (twin/step/context.py fabric_of), and a search's worker predicts thousands of layouts."""
+
+
 class Fabric:
     """A cluster's fabric with the plan's ranks placed on it."""
 
@@ -146,6 +151,9 @@ class Fabric:
         key = arr.tobytes()  # hashing the buffer, not a tuple of 400k ints: a whole-fleet group stays cheap
         cached = self._spans.get(key)
         if cached is None:
+            if len(self._spans) >= SPANS_KEPT:  # a fabric shared by many predictions keeps the recent groups
+                self._spans.clear()
+                self._group_spans.clear()
             cached = self._spans[key] = self._torus_span(arr) if self.cluster.fabric.torus else self._tree_span(arr)
         return cached
 
