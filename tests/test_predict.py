@@ -14,7 +14,7 @@ from twin import api
 from twin.cli.app import app
 from twin.step.comm_costs import layer_comm, tp_comm
 from twin.step.context import shape_of, step_context
-from twin.step.kernels import layer_cost
+from twin.step.kernels import embedding_cost, layer_cost
 from twin.step.predict import PredictOptions, predict, straggler_factor
 
 BREAKDOWN = {
@@ -222,3 +222,21 @@ def test_the_executor_routes_its_own_sp_shard_to_whole_experts_and_gathers_nothi
     own += ctx.time("reduce_scatter", tokens * m.hidden * ctx.comm_bytes, tp)
     fwd, _ = tp_comm(ctx, cost, moe=True)
     assert fwd == pytest.approx(own, rel=1e-12)  # one block's pair, no routed copies gathered
+
+
+@pytest.mark.parametrize("stack,grad_bytes", [("megatron-core-0.8", 4), ("nemo-24.12", 2)])
+def test_the_embeddings_backward_moves_its_whole_vocabulary_shards_dense_gradient(stack: str, grad_bytes: int) -> None:
+    """PyTorch's embedding backward writes a dense gradient of the rank's whole vocabulary shard (zero-filled, then
+    the tokens' rows scattered in), which is then added to the buffer gradients accumulate in: fp32 under
+    Megatron-Core's defaults, bf16 where NeMo's recipes reduce in bf16. Closed form, on the first stage's W."""
+    plan = loader.load("gpt3-175b-1k", [f"stack={stack}"])
+    ctx = step_context(plan, loader.plan_cluster(plan), PredictOptions())
+    shape, m, dev = shape_of(ctx), plan.model, ctx.device
+    assert ctx.grad_bytes == grad_bytes
+    cost = embedding_cost(m, shape, dev, ctx.grad_bytes)
+    rows = 3 * shape.tokens * m.hidden * 2  # the tokens' gradient rows: read, read, write
+    dense = m.vocab / plan.layout.tp * m.hidden * (2 + 2 + 2 * grad_bytes)  # zero-fill; read it; read-add-write
+    assert cost.backward_weight_s == pytest.approx((rows + dense) / dev.elementwise_Bps + 3 * dev.kernel_s)
+    wider = plan.model.model_copy(update={"vocab": 2 * m.vocab})
+    grown = embedding_cost(wider, shape, dev, ctx.grad_bytes).backward_weight_s - cost.backward_weight_s
+    assert grown == pytest.approx(dense / dev.elementwise_Bps)

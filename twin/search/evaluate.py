@@ -105,7 +105,7 @@ class Bounds:
         shape = shape_of(ctx)
         out: dict[Any, tuple[float, float]] = {}
         for name, extra in (
-            ("embedding", embedding_cost(plan.model, shape, ctx.device)),
+            ("embedding", embedding_cost(plan.model, shape, ctx.device, ctx.grad_bytes)),
             ("head", head_cost(plan.model, shape, ctx.device, ctx.stack)),
         ):
             out[name] = (extra.forward_s, extra.backward_input_s + extra.backward_weight_s)

@@ -44,7 +44,7 @@ def stage_costs(
     for stage, layers in enumerate(stage_layer_ranges(plan)):
         f, b, w = (dict.fromkeys(("compute", "recompute", "tp", "cp", "ep", "dp"), 0.0) for _ in range(3))
         kernels = {"F": 0, "B": 0}
-        extras = ([embedding_cost(m, shape, ctx.device)] if stage == 0 else []) + (
+        extras = ([embedding_cost(m, shape, ctx.device, ctx.grad_bytes)] if stage == 0 else []) + (
             [head_cost(m, shape, ctx.device, ctx.stack)] if stage == lay.num_stages - 1 else []
         )
         for layer in layers:

@@ -315,16 +315,23 @@ def head_cost(m: ModelSpec, shape: Shape, device: Device, stack: Stack) -> PassC
     )
 
 
-def embedding_cost(m: ModelSpec, shape: Shape, device: Device) -> PassCost:
-    """The input embedding on the first stage: a gather forward, a scatter-add of gradients backward."""
+def embedding_cost(m: ModelSpec, shape: Shape, device: Device, grad_bytes: int) -> PassCost:
+    """The input embedding on the first stage: a gather forward; backward, a scatter-add of the tokens' gradients
+    into a dense gradient of the rank's whole vocabulary shard, zero-filled first, which is then added to the
+    buffer gradients accumulate in over the microbatches (`grad_bytes` per element). PyTorch's embedding backward
+    is dense unless the embedding is sparse (aten embedding_dense_backward), and Megatron's data-parallel wrapper
+    adds each microbatch's `grad` to `main_grad` (megatron/core/distributed param hooks); FSDP2 accumulates `grad`
+    likewise. At a 131k vocabulary that is a gigabyte or more moved per microbatch, whatever its tokens."""
     nbytes = shape.tokens * m.hidden * shape.act_bytes
+    dense = m.vocab / shape.tp * m.hidden  # the gradient of the rank's vocabulary shard, every row
+    accumulate = dense * (shape.act_bytes + shape.act_bytes + 2 * grad_bytes)  # zero-fill; read it, read-add-write
     return PassCost(
         device.elementwise_s(2 * nbytes, 1),
         0.0,
-        device.elementwise_s(3 * nbytes, 1),
+        device.elementwise_s(3 * nbytes, 1) + device.elementwise_s(accumulate, 2),
         0.0,
         0.0,
         0.0,
         0.0,
-        kernels=(1, 1),
+        kernels=(1, 3),
     )

@@ -172,6 +172,8 @@ def transient_bytes(plan: Plan, stack: Stack, stages: Sequence[int], last: bool)
     candidates = [0.0]
     if last:  # fp32 logits and their gradient for one microbatch
         candidates.append(2 * tokens * m.vocab / lay.tp * 4)
+    if 0 in stages:  # the embedding's dense gradient of the rank's vocabulary shard (kernels.embedding_cost)
+        candidates.append(m.vocab / lay.tp * m.hidden * act_bytes(plan.training.dtype))
     if lay.recompute == "full":  # one layer rebuilt in full during its backward
         rebuilt = plan.model_copy(update={"layout": lay.model_copy(update={"recompute": "none"})})
         candidates.append(activation_bytes(rebuilt, stack, m.is_moe)[0])
