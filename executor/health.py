@@ -133,6 +133,10 @@ class Health:
         self.stopped = threading.Event()
         self.paused = False
         self.lock = threading.Lock()  # the beat thread and the main thread both write this rank's file
+        self.done = False
+        """This rank has said it is done (finished, failing or superseded): every later write says so too, so that
+        the heartbeat thread, past its wait when `finish` runs, cannot write an undone beat over the done one and
+        have the rank's exit taken for a death."""
         self.failing = False
         """A verdict is being recorded: the heartbeat thread, the main thread (`explain`) and the SIGTERM handler
         can each reach one, at once when torchrun stops the gang while the watchdog names the dead rank."""
@@ -161,9 +165,10 @@ class Health:
         self._write(done=True)
 
     def _write(self, done: bool = False) -> None:
-        beat = Beat(self.rank, self.attempt, self.step, os.getpid(), self.host, time.time(), done, self.token)
         path = self.dir / f"rank_{self.rank:05d}.json"
         with self.lock:
+            self.done = self.done or done
+            beat = Beat(self.rank, self.attempt, self.step, os.getpid(), self.host, time.time(), self.done, self.token)
             tmp = path.with_suffix(f".tmp{os.getpid()}")
             tmp.write_text(json.dumps(asdict(beat)))
             tmp.replace(path)

@@ -124,6 +124,19 @@ def test_a_rank_records_its_verdict_once_however_many_of_its_threads_reach_one(
     assert (tmp_path / "health" / health.FAILURE_FILE).exists()
 
 
+def test_a_finished_rank_stays_done_whatever_its_heartbeat_thread_writes_after(tmp_path: Path) -> None:
+    """The heartbeat thread can be past its wait when the main thread finishes: its next beat must not undo the
+    done one, or the rank's exit is taken for a death and the gang fails at its very end (seen in CI: every step
+    trained and checkpointed, then a peer's watchdog exited 4)."""
+    me = Health(tmp_path, 1, 3.0, lambda *a, **kw: None, token="g")
+    me._write()
+    me.finish()
+    me._write()  # the heartbeat thread's beat, a moment late
+    (beat,) = me.read()
+    assert beat.done
+    assert diagnose([beat], me.attempt, beat.time_unix + 60.0, 3.0, me.host, lambda pid: False, "g") is None
+
+
 def test_a_flipped_bit_changes_the_checksum_and_little_else() -> None:
     layer = torch.nn.Linear(8, 8)
     params = list(layer.parameters())
