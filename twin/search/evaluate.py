@@ -29,7 +29,7 @@ from twin.step.kernels import embedding_cost, head_cost
 from twin.step.memory import stage_layer_ranges
 from twin.step.pipeline_data import PipelineInput
 from twin.step.predict import predict, rank_memory, straggler_factor
-from twin.step.steady import REL_TOL, sample_counts
+from twin.step.steady import grown, sample_counts
 
 
 @dataclass(frozen=True)
@@ -145,8 +145,8 @@ class Bounds:
             durations["F", stage], durations["B", stage], durations["W", stage] = f, b - w, w
         ctx = step_context(plan, self.cluster, PredictOptions(), self.stack, self.fabric)
         owner = schedules.stage_ranks(lay.schedule, lay.pp, lay.num_stages)
-        walk = _walk(lay.schedule, lay.pp, lay.virtual_stages, plan.num_microbatches, durations, owner, p2p_costs(ctx))
-        finish, done, exact = walk
+        count = plan.num_microbatches
+        finish, done, exact = _walk(lay.schedule, lay.pp, lay.virtual_stages, count, durations, owner, p2p_costs(ctx))
         # each stage's gradient buckets queue on its rank's data-parallel link as its final backward runs (the
         # last one ready only as that action ends); then the rank reduces what its buckets did not overlap, meets
         # the others at the gradient-norm all-reduce (a barrier) and steps its optimizer
@@ -221,14 +221,11 @@ Walk = tuple[list[float], dict[tuple[str, int], float]]
 
 
 def _grown(walks: list[Walk], periods: float) -> Walk | None:
-    """The last of three walks a period apart grown by `periods` more, if every figure grew alike between them."""
-
-    def grow(x: float, y: float, z: float) -> float | None:
-        return z + periods * (z - y) if abs((z - y) - (y - x)) <= REL_TOL * max(abs(z), 1e-9) else None
-
-    free = [grow(*ends) for ends in zip(*(w[0] for w in walks), strict=True)]
-    last = {key: grow(*(w[1][key] for w in walks)) for key in walks[-1][1]}
-    if any(f is None for f in free) or any(t is None for t in last.values()):
+    """The last of three walks a period apart grown by `periods` more (steady.grown), if every figure grew alike."""
+    (fa, la), (fb, lb), (fc, lc) = walks
+    free = [grown(x, y, z, periods) for x, y, z in zip(fa, fb, fc, strict=True)]
+    last = {key: grown(la[key], lb[key], lc[key], periods) for key in lc}
+    if None in free or None in last.values():
         return None
     return [f for f in free if f is not None], {k: t for k, t in last.items() if t is not None}
 

@@ -324,7 +324,7 @@ def embedding_cost(m: ModelSpec, shape: Shape, device: Device, grad_bytes: int) 
     likewise. At a 131k vocabulary that is a gigabyte or more moved per microbatch, whatever its tokens."""
     nbytes = shape.tokens * m.hidden * shape.act_bytes
     dense = m.vocab / shape.tp * m.hidden  # the gradient of the rank's vocabulary shard, every row
-    accumulate = dense * (shape.act_bytes + shape.act_bytes + 2 * grad_bytes)  # zero-fill; read it, read-add-write
+    accumulate = dense * (2 * shape.act_bytes + 2 * grad_bytes)  # zero-fill and read it; read-add-write the buffer
     return PassCost(
         device.elementwise_s(2 * nbytes, 1),
         0.0,

@@ -130,12 +130,15 @@ def _extend(
     """`c` (of `n` microbatches) plus `steps` periods, if b - a and c - b agree on every figure; else None.
     `events`: what the simulations behind it scheduled."""
 
-    def grow(x: float, y: float, z: float) -> float | None:
-        if abs((z - y) - (y - x)) > REL_TOL * max(abs(z), 1e-9):
-            return None
-        return z + steps * (z - x) / 2
+    return _combined((a, b, c), lambda x, y, z: grown(x, y, z, steps), n, events)
 
-    return _combined((a, b, c), grow, n, events)
+
+def grown(x: float, y: float, z: float, periods: float) -> float | None:
+    """A figure seen at three counts a period apart (x, y, z), `periods` more periods on, if it grew alike over
+    both (within REL_TOL); else None. The search's bound extends its longest path the same way."""
+    if abs((z - y) - (y - x)) > REL_TOL * max(abs(z), 1e-9):
+        return None
+    return z + periods * (z - x) / 2
 
 
 def _combined(
