@@ -104,6 +104,11 @@ def yaml_value(text: str, origin: str, limits: Limits = DEFAULT_LIMITS) -> Any:
     try:
         return _load(text, origin, limits)
     except yaml.YAMLError as exc:
+        if "nesting depth" in str(getattr(exc, "problem", "")):  # libyaml as PyYAML >= 6.0.4 bundles it caps
+            # nesting at 1,000 levels in its scanner, which reads ahead of the events the walk counts
+            if limits.yaml_depth < 1000:
+                raise PlanError(_too_deep(origin, limits)) from None
+            raise PlanError(f"{origin}: YAML nested deeper than libyaml reads (1,000 levels); flatten it") from None
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
@@ -120,6 +125,13 @@ def _load(text: str, origin: str, limits: Limits) -> Any:
         return loader.get_single_data()
     finally:
         loader.dispose()
+
+
+def _too_deep(origin: str, limits: Limits) -> str:
+    return (
+        f"{origin}: YAML nested deeper than {limits.yaml_depth} levels (a plan needs 4); "
+        f"flatten it, or raise the limit with --limit yaml_depth=N"
+    )
 
 
 def _check_events(text: str, origin: str, limits: Limits) -> None:
@@ -139,10 +151,7 @@ def _check_events(text: str, origin: str, limits: Limits) -> None:
                 count += 1
                 stack.append((event.anchor, count))
                 if len(stack) > limits.yaml_depth:
-                    raise PlanError(
-                        f"{origin}: YAML nested deeper than {limits.yaml_depth} levels (a plan needs 4); "
-                        f"flatten it, or raise the limit with --limit yaml_depth=N"
-                    )
+                    raise PlanError(_too_deep(origin, limits))
             elif isinstance(event, _CLOSES):
                 anchor, opened = stack.pop()
                 if anchor is not None:
