@@ -49,6 +49,10 @@ TENSORS: Final = {
         "each tp rank routes its own sequence shard)"
     ),
     "router": "an MoE layer's router logits or probabilities (experts; over tp as `routed`)",
+    "experts_in": (
+        "an MoE layer's routed copies as its experts take them (top_k · hidden at the busiest rank's load: gathered "
+        "over tp where the experts are split over tp, else over tp as `routed`)"
+    ),
 }
 """What a memory-bound kernel's reads and writes are counted in: one token's slice of each tensor on one rank, in
 the activation dtype (2 bytes); a dropout mask is one byte per element, so it counts 0.5."""
@@ -89,6 +93,9 @@ class Kernel(UserSection):
     saves_output: bool = True
     """Its output is kept for the backward; false: the stack frees it and reruns the (cheap, memory-bound) kernel
     in the backward from its saved input, whatever the recompute policy."""
+    several_local_experts: bool = False
+    """It runs only where a rank holds more than one routed expert (sorting the received tokens by local expert, and
+    back; an expert-by-expert MLP's concatenations): an MoE kernel."""
     fp8_output: bool = False
     """Under an fp8 plan it writes its output in fp8 for the GEMM after it, so that GEMM's input needs no cast of
     its own, only the transpose its weight gradient reads (Transformer Engine's LayerNormLinear, LayerNormMLP)."""

@@ -132,6 +132,39 @@ def test_an_moe_layer_pays_its_router_and_permutations_a_dense_layer_does_not() 
     assert _layer(plan, ctx).forward_s == pytest.approx(_layer(plan, bare).forward_s, rel=1e-12)
 
 
+def test_a_rank_with_several_experts_sorts_their_tokens_and_concatenates_their_outputs() -> None:
+    """Megatron-Core core_v0.10.0 sorts the tokens it gathered by local expert and back (two split-and-cat copies),
+    and SequentialMLP concatenates its experts' outputs (a third); each backward is one copy more. The rows are
+    the routed copies gathered over tp (top_k · hidden a token at the busiest rank's load). One expert per rank
+    (ep = experts) copies nothing."""
+    several = [k.name for k in loader.load_stack("nemo-24.12").moe_kernels if k.several_local_experts]
+    assert several == ["sort_by_local_expert", "sequential_mlp_concat"]
+    for ep, experts_local in ((2, 4), (8, 1)):
+        plan, ctx = _ctx("nemo-24.12", "bf16", f"layout.ep={ep}", "layout.dp=8", preset="cpu-tiny-moe")
+        kept = [k.model_dump() for k in ctx.stack.moe_kernels if not k.several_local_experts]
+        _, bare = _ctx("nemo-24.12", "bf16", f"layout.ep={ep}", "layout.dp=8",
+                       f"stack.overrides.moe_kernels={json.dumps(kept)}", preset="cpu-tiny-moe")  # fmt: skip
+        shape = shape_of(ctx)
+        assert shape.experts_local == experts_local
+        m = plan.model
+        rows = shape.tokens * m.top_k * routed_load(m) * m.hidden * 2  # bytes of the experts' input, gathered
+        copies = ctx.device.elementwise_s(2 * 2 * rows, 2) + ctx.device.elementwise_s(2 * rows, 1)
+        expected = copies if experts_local > 1 else 0.0
+        cost, without = _layer(plan, ctx, moe=True), _layer(plan, bare, moe=True)
+        assert cost.forward_s - without.forward_s == pytest.approx(expected, rel=1e-12, abs=1e-15)
+        assert cost.backward_input_s - without.backward_input_s == pytest.approx(expected, rel=1e-12, abs=1e-15)
+
+
+def test_an_fp8_gemm_reads_one_byte_operands_and_writes_a_16_bit_product() -> None:
+    """The roofline of a skinny (memory-bound) fp8 GEMM: fp8 operands, the product written in bf16 (Transformer
+    Engine 1.x), plus the per-kernel cost."""
+    cluster = loader.load_cluster("dgx-h100-superpod")
+    fp8, bf16 = Device.of(cluster, "fp8", 8), Device.of(cluster, "bf16", 8)
+    m, n, k = 16, 8192, 8192
+    assert fp8.gemm_s(m, n, k) == pytest.approx((m * k + k * n + 2 * m * n) / fp8.memory_Bps + fp8.kernel_s)
+    assert bf16.gemm_s(m, n, k) == pytest.approx(2 * (m * k + k * n + m * n) / bf16.memory_Bps + bf16.kernel_s)
+
+
 def test_block_scaled_fp8_gemms_run_at_their_own_fraction() -> None:
     cluster = loader.load_cluster("dgx-h100-superpod")
     tensor = Device.of(cluster, "fp8", 8)

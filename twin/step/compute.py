@@ -164,7 +164,9 @@ class Device:
         if self.sm_count is None:
             return self.flops_s(flops)
         compute = flops / (self.gemm_fraction * self.in_training * self.peak_flops * self.wave_efficiency(m, n, batch))
-        memory = (m * k + k * n + m * n) * batch * self.operand_bytes / self.memory_Bps
+        # fp8 operands, but the product is written in 16 bits (Transformer Engine 1.x's fp8 GEMMs output bf16)
+        written = max(self.operand_bytes, ACT_BYTES)
+        memory = ((m * k + k * n) * self.operand_bytes + m * n * written) * batch / self.memory_Bps
         return max(compute, memory) + self.kernel_s
 
     def wave_efficiency(self, m: float, n: float, batch: float = 1) -> float:

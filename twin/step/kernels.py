@@ -90,6 +90,7 @@ def tensor_sizes(m: ModelSpec, shape: Shape, moe: bool) -> dict[str, float]:
         "logits": m.vocab / t,
         "routed": m.top_k * routed_load(m) * m.hidden / shard if moe else 0.0,
         "router": m.experts / shard if moe else 0.0,
+        "experts_in": m.top_k * routed_load(m) * m.hidden / (1 if mlp_t == t else shard) if moe else 0.0,
     }
 
 
@@ -176,6 +177,8 @@ def layer_cost(m: ModelSpec, shape: Shape, device: Device, stack: Stack, moe: bo
     block = (_Tally(), _Tally(), _Tally())  # the attention block's GEMMs: forward, input and weight gradients
     cast_in = False  # the kernel before wrote its output in fp8 (Kernel.fp8_output)
     for kernel in stack.layer + (stack.moe_kernels if moe else ()):
+        if kernel.several_local_experts and shape.experts_local <= 1:
+            continue
         before = fwd.seconds
         if kernel.gemm:
             routed = moe and kernel.gemm == "fc1"  # the router runs first; the experts' input arrives permuted
