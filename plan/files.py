@@ -93,6 +93,10 @@ def _core_float(loader: Any, node: yaml.ScalarNode) -> float:
 _Loader.add_constructor("tag:yaml.org,2002:int", _core_int)
 _Loader.add_constructor("tag:yaml.org,2002:float", _core_float)
 
+LIBYAML_DEPTH = 1000
+"""Nesting libyaml's scanner reads, as PyYAML 6.0.4 bundles it ("exceeded maximum nesting depth"; measured: a flow
+list 1,000 deep is read, one deeper is refused). Earlier wheels have no cap; the event walk's own limit is lower."""
+
 _OPENS = (yaml.MappingStartEvent, yaml.SequenceStartEvent)
 _CLOSES = (yaml.MappingEndEvent, yaml.SequenceEndEvent)
 
@@ -104,11 +108,12 @@ def yaml_value(text: str, origin: str, limits: Limits = DEFAULT_LIMITS) -> Any:
     try:
         return _load(text, origin, limits)
     except yaml.YAMLError as exc:
-        if "nesting depth" in str(getattr(exc, "problem", "")):  # libyaml as PyYAML >= 6.0.4 bundles it caps
-            # nesting at 1,000 levels in its scanner, which reads ahead of the events the walk counts
-            if limits.yaml_depth < 1000:
+        if "nesting depth" in str(getattr(exc, "problem", "")):  # libyaml's cap: its scanner reads ahead of the
+            if limits.yaml_depth < LIBYAML_DEPTH:  # events the walk counts, so it can refuse first
                 raise PlanError(_too_deep(origin, limits)) from None
-            raise PlanError(f"{origin}: YAML nested deeper than libyaml reads (1,000 levels); flatten it") from None
+            raise PlanError(
+                f"{origin}: YAML nested deeper than libyaml reads ({LIBYAML_DEPTH:,} levels); flatten it"
+            ) from None
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]

@@ -4,12 +4,14 @@ the step budget, the run outlook against the simulation, and the run simulation'
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 
-from plan import loader
+from plan import files, loader
 from plan.errors import PlanError
 from plan.files import parse_override, read_yaml, yaml_value
 from plan.limits import Limits
@@ -37,6 +39,21 @@ def test_yaml_reads_the_core_schema_that_json_schema_and_editors_read() -> None:
         "h": math.inf,
         "i": "1:30",
     }
+
+
+@pytest.mark.parametrize(("depth", "text"), [(64, "yaml_depth=N"), (5000, "libyaml reads (1,000 levels)")])
+def test_libyamls_own_nesting_cap_is_told_as_the_depth_limit(
+    monkeypatch: pytest.MonkeyPatch, depth: int, text: str
+) -> None:
+    """PyYAML 6.0.4's libyaml refuses nesting past 1,000 in its scanner, ahead of the walk that enforces
+    `yaml_depth`: under the limit that is the limit's own message; past it, libyaml's cap is named."""
+
+    def refuse(*_: object) -> None:
+        raise yaml.scanner.ScannerError("while increasing flow level", None, "exceeded maximum nesting depth", None)
+
+    monkeypatch.setattr(files, "_load", refuse)
+    with pytest.raises(PlanError, match=re.escape(text)):
+        yaml_value("deep: [[[1]]]", "t.yaml", Limits(yaml_depth=depth))
 
 
 def test_small_aliases_and_merge_keys_still_work() -> None:

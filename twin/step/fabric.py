@@ -106,8 +106,8 @@ def _tier(name: str, level: int, span: int, bw_GBps: float, eff: float, lat_us: 
 
 SPANS_KEPT = 4096
 """Groups whose spans a fabric keeps before it starts afresh (a choice: a search's layouts need a few hundred; keys
-run up to a whole fleet's ranks, 3 MB at 385k): predictions share a
-cluster's fabric (twin/step/context.py fabric_of), and a search's worker predicts thousands of layouts."""
+run up to a whole fleet's ranks, 3 MB at 385k): predictions share a cluster's fabric (twin/step/context.py
+fabric_of), and a search's worker predicts thousands of layouts."""
 
 
 class Fabric:
