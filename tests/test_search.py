@@ -13,6 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 from plan import loader
+from plan.errors import PlanError
 from twin import api
 from twin.cli.app import app
 from twin.search import front
@@ -145,6 +146,15 @@ def test_the_command_prints_json_and_refuses_bad_input() -> None:
     ):
         res = runner.invoke(app, bad)
         assert res.exit_code == 2 and says in res.output, (bad, res.output)
+
+
+def test_batch_and_gpu_counts_take_the_suffixes_papers_write() -> None:
+    assert front.coerce_range("4M", "--batch-tokens") == 512 * 8192  # Llama 3's "4M tokens"
+    assert front.coerce_range("4m:64M", "--batch-range") == (2**22, 2**26)
+    assert front.coerce_range("16K", "--gpus") == 16_384 and front.coerce_range("2,048", "--gpus") == 2048
+    assert front.coerce_range("4.2e6", "--batch-tokens") == 4.2e6
+    with pytest.raises(PlanError, match="suffixes k, M, G"):
+        front.coerce_range("8.4Q", "--batch-tokens")
 
 
 def test_sweep_compares_variants_and_says_why_one_cannot_run() -> None:

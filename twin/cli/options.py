@@ -7,6 +7,7 @@ Every command takes a plan path or preset name, repeatable `--set section.field=
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import Callable
 from functools import wraps
@@ -23,8 +24,11 @@ from plan.records import RecordError
 
 # User text (plan names, paths, messages that quote what the user wrote) is never read as Rich markup or emoji
 # codes: `[/]` or `a:b:` prints as written. Styled words are `Text` spans (see `styled`).
-console = Console(markup=False, emoji=False, highlight=False)
-err_console = Console(stderr=True, markup=False, emoji=False, highlight=False)
+# Piped or redirected, Rich would lay tables out in 80 columns and cut their cells to "1,…"; a file has no width,
+# so it gets one wide enough for the widest table (the search's), unless COLUMNS says otherwise.
+WIDTH = None if sys.stdout.isatty() or "COLUMNS" in os.environ else 160
+console = Console(markup=False, emoji=False, highlight=False, width=WIDTH)
+err_console = Console(stderr=True, markup=False, emoji=False, highlight=False, width=WIDTH)
 
 
 def styled(*parts: str | tuple[str, str]) -> Text:

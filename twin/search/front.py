@@ -201,17 +201,32 @@ def sweep(source: str, fields: Sequence[str], overrides: Iterable[str] = ()) -> 
     return pd.DataFrame(rows)
 
 
+SCALE = {"k": 2.0**10, "m": 2.0**20, "g": 2.0**30}
+"""Suffixes in powers of two, as training papers count: Llama 3's "4M tokens" are 512 sequences of 8,192 tokens
+(4,194,304) and its "16K H100s" are 16,384 (Dubey et al. 2024, §3.3-3.4)."""
+
+
 def coerce_range(text: str | None, name: str) -> Range | None:
-    """`A:B` as a (low, high) range, `N` as a number; a clear error otherwise."""
+    """`A:B` as a (low, high) range, `N` as a number (`8M`, `16k`: suffixes in powers of two, `SCALE`); a clear
+    error otherwise."""
     if text is None:
         return None
     try:
         if ":" in text:
             lo, hi = text.split(":", 1)
-            return (float(lo), float(hi))
-        return float(text)
+            return (_number(lo), _number(hi))
+        return _number(text)
     except ValueError:
-        raise PlanError(f"{name} {text!r}: give a number (e.g. 2048 or 4.2e6) or a range LOW:HIGH") from None
+        raise PlanError(
+            f"{name} {text!r}: give a number (e.g. 2048, 4.2e6 or 8M; suffixes k, M, G are powers of two) "
+            "or a range LOW:HIGH"
+        ) from None
+
+
+def _number(text: str) -> float:
+    text = text.strip().replace(",", "").replace("_", "")
+    scale = SCALE.get(text[-1:].lower(), 1.0)
+    return float(text[:-1] if scale != 1.0 else text) * scale
 
 
 def as_mapping(result: SearchResult, notes: Sequence[str]) -> Mapping[str, Any]:
