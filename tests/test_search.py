@@ -157,6 +157,13 @@ def test_batch_and_gpu_counts_take_the_suffixes_papers_write() -> None:
         front.coerce_range("8.4Q", "--batch-tokens")
 
 
+def test_a_batch_few_replicas_divide_is_pointed_out() -> None:
+    base = front.base_of("llama3-8b", "dgx-h100-superpod", [])
+    for tokens, said in ((1e6, True), (2**20, False)):  # 122 sequences of 8,192; 128
+        _, notes = front.space_of(base, 16, tokens, [])
+        assert any("which few dp divide" in n for n in notes) is said, notes
+
+
 def test_sweep_compares_variants_and_says_why_one_cannot_run() -> None:
     table = api.sweep("gpt3-175b-1k", ["layout.pp=8,16", "layout.tp=8,7"], ["layout.dp=8"])
     assert len(table) == 4
