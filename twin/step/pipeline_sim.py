@@ -282,6 +282,9 @@ class PipelineSim:
         for kind, stage in self.inp.costs:
             for overlap in (False, True):
                 cost = self.inp.cost_of(kind, stage, overlap)
+                if overlap and cost is prices[(kind, stage, False)][0]:  # no overlapped cost: the same price
+                    prices[(kind, stage, True)] = prices[(kind, stage, False)]
+                    continue
                 axes = (("TP", cost.tp), ("CP", cost.cp), ("EP", cost.ep), ("DP", cost.dp))
                 exposed = tuple((axis, s) for axis, s in axes if s > 0)
                 prices[(kind, stage, overlap)] = (cost, cost.total, exposed, cost.tp + cost.cp + cost.ep + cost.dp)
@@ -292,7 +295,7 @@ class PipelineSim:
         compute_end = self.env.now
         if self.pending_dp[rank]:
             yield self.env.all_of(self.pending_dp[rank])
-        stages = {a.stage for a in self.inp.orders[rank]}
+        stages = [s for s, held_by in enumerate(self.inp.stage_rank) if held_by == rank]  # each has actions
         after = (1 - self.inp.dp_overlap) * sum(self.inp.dp_stage_s.get(s, 0.0) for s in stages)
         if after > 0:
             yield self.work(rank, after)
