@@ -278,7 +278,7 @@ class PipelineSim:
     def _prices(self) -> dict[PriceKey, Priced]:
         """Every action's cost by (kind, stage, overlapped), its seconds, and its exposed collectives in the order
         they run at its end (by axis) with their seconds."""
-        prices = {}
+        prices: dict[PriceKey, Priced] = {}
         for kind, stage in self.inp.costs:
             for overlap in (False, True):
                 cost = self.inp.cost_of(kind, stage, overlap)
