@@ -179,3 +179,20 @@ def test_the_step_end_barrier_is_waiting_not_optimizer_work() -> None:
     assert phases["bubble"] == pytest.approx(0.25)
     assert phases["optimizer"] == pytest.approx(1.0 - 0.01 - 0.5 - 0.25)
     assert sum(phases.values()) == pytest.approx(1.0)
+
+
+def test_the_microbenchmark_times_a_collective_by_its_mean_and_a_gemm_by_its_median(monkeypatch: Any) -> None:
+    """A step pays every collective one after another, so a gloo hand-off that waits a scheduler tick now and then
+    counts at its mean (nccl-tests' convention); a GEMM timed alone keeps the median."""
+    from executor import bench
+
+    durations = iter([0.0, 1.0, 1.0, 1.0, 9.0] * 2)  # warm-up, then three calls of 1 s and one of 9 s
+    clock = [0.0]
+
+    def call() -> None:
+        clock[0] += next(durations)
+
+    monkeypatch.setattr(bench.time, "perf_counter", lambda: clock[0])
+    assert bench._timed(call, torch.device("cpu"), calls=4) == pytest.approx(3.0)
+    monkeypatch.setattr(bench, "TARGET_S", 11.5)  # the sweep stops after the same four calls
+    assert bench._timed(call, torch.device("cpu")) == pytest.approx(1.0)
