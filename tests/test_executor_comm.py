@@ -20,6 +20,7 @@ from test_executor_dist import SINGLE, run_variants  # pytest puts tests/ on the
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Partial, Replicate
 
+from executor import bench
 from executor.commtime import CommTimer, LinkModel
 from plan.records import StepRecord, iter_records
 from twin.cli.launch import free_port
@@ -181,11 +182,11 @@ def test_the_step_end_barrier_is_waiting_not_optimizer_work() -> None:
     assert sum(phases.values()) == pytest.approx(1.0)
 
 
-def test_the_microbenchmark_times_a_collective_by_its_mean_and_a_gemm_by_its_median(monkeypatch: Any) -> None:
+def test_the_microbenchmark_times_a_collective_by_its_mean_and_a_gemm_by_its_median(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """A step pays every collective one after another, so a gloo hand-off that waits a scheduler tick now and then
     counts at its mean (nccl-tests' convention); a GEMM timed alone keeps the median."""
-    from executor import bench
-
     durations = iter([0.0, 1.0, 1.0, 1.0, 9.0] * 2)  # warm-up, then three calls of 1 s and one of 9 s
     clock = [0.0]
 

@@ -12,6 +12,7 @@ from plan import loader
 from plan.limits import DEFAULT_LIMITS
 from twin import api
 from twin.step import schedules
+from twin.step.kept import Kept
 from twin.step.pipeline_data import PipelineInput
 from twin.step.predict import PredictOptions, StepPrediction
 from twin.step.schedules import SPLIT_W, V_SHAPED, build, peak_live, peak_live_per_rank, stage_rank
@@ -152,12 +153,11 @@ def test_the_reach_of_a_short_order_is_the_long_orders(schedule: str, pp: int) -
 def test_built_orders_are_kept_by_the_actions_they_hold(monkeypatch: pytest.MonkeyPatch) -> None:
     """The same orders object comes back while kept (pipeline_steps keeps its answers by it); the least recently
     asked for go first once the actions kept pass the cap."""
-    monkeypatch.setattr(schedules, "_BUILT", {})
-    monkeypatch.setattr(schedules, "_BUILT_ACTIONS", 1000)
+    monkeypatch.setattr(schedules, "_BUILT", Kept(entries=128, weight=1000))
     small = schedules.build("1f1b", 4, 1, 8)  # 64 actions
     schedules.build("gpipe", 4, 1, 100)  # 800
     assert schedules.build("1f1b", 4, 1, 8) is small  # asked again: now the most recent
     schedules.build("gpipe", 4, 1, 110)  # 880: 1,744 in all, so the 100-microbatch GPipe goes
     assert ("gpipe", 4, 1, 100) not in schedules._BUILT
     assert schedules.build("1f1b", 4, 1, 8) is small
-    assert sum(size for _, size in schedules._BUILT.values()) <= 1000
+    assert schedules._BUILT.held == 64 + 880

@@ -111,7 +111,7 @@ def space_of(
         lo_b, hi_b = max(1, int(-(-batch_tokens[0] // seq))), int(batch_tokens[1] // seq)
     else:
         lo_b = hi_b = max(1, round(batch_tokens / seq))
-        if lo_b % 8:  # e.g. 8.4e6 tokens: 1,025 sequences, so dp must divide 5² x 41
+        if lo_b % 8:  # a choice of when to say it: 8.4e6 tokens are 1,025 sequences, so dp must divide 5² x 41
             notes.append(f"global batch: {lo_b:,} sequences of {seq:,} tokens, which few dp divide; "
                          f"--batch-range LOW:HIGH lets the batch vary")  # fmt: skip
     if lo_b > hi_b:

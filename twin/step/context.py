@@ -13,6 +13,7 @@ from plan.stack import Stack
 from twin.step.collectives import InNetwork, collective_time
 from twin.step.compute import Device, act_bytes
 from twin.step.fabric import Fabric, GroupSpan
+from twin.step.kept import Kept
 from twin.step.kernels import Shape, expert_split
 
 DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1}
@@ -146,7 +147,7 @@ def step_context(
     )
 
 
-_FABRICS: dict[tuple[int, tuple[tuple[int, int], ...]], tuple[Cluster, Fabric]] = {}
+_FABRICS: Kept[tuple[Cluster, Fabric]] = Kept(entries=8)
 
 
 def fabric_of(cluster: Cluster, relocated: tuple[tuple[int, int], ...]) -> Fabric:
@@ -157,11 +158,7 @@ def fabric_of(cluster: Cluster, relocated: tuple[tuple[int, int], ...]) -> Fabri
     hit = _FABRICS.get(key)
     if hit is not None and hit[0] is cluster:
         return hit[1]
-    if len(_FABRICS) >= 8:
-        _FABRICS.pop(next(iter(_FABRICS)))
-    fabric = Fabric(cluster, dict(relocated))
-    _FABRICS[key] = (cluster, fabric)
-    return fabric
+    return _FABRICS.put(key, (cluster, Fabric(cluster, dict(relocated))))[1]
 
 
 def shape_of(ctx: StepContext) -> Shape:

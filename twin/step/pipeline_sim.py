@@ -281,10 +281,10 @@ class PipelineSim:
         prices: dict[PriceKey, Priced] = {}
         for kind, stage in self.inp.costs:
             for overlap in (False, True):
-                cost = self.inp.cost_of(kind, stage, overlap)
-                if overlap and cost is prices[(kind, stage, False)][0]:  # no overlapped cost: the same price
+                if overlap and (kind, stage) not in self.inp.overlap_costs:  # costs what it costs alone
                     prices[(kind, stage, True)] = prices[(kind, stage, False)]
                     continue
+                cost = self.inp.cost_of(kind, stage, overlap)
                 axes = (("TP", cost.tp), ("CP", cost.cp), ("EP", cost.ep), ("DP", cost.dp))
                 exposed = tuple((axis, s) for axis, s in axes if s > 0)
                 prices[(kind, stage, overlap)] = (cost, cost.total, exposed, cost.tp + cost.cp + cost.ep + cost.dp)

@@ -14,6 +14,7 @@ from collections import Counter, deque
 from collections.abc import Sequence
 from typing import NamedTuple
 
+from twin.step.kept import Kept
 from twin.step.schedules import Action, receiver
 
 Key = tuple[str, int, int]
@@ -73,12 +74,9 @@ class Schedule:
         """The arrays twin/step/pipeline_levels.py times a deep pipeline's step with, kept here once built."""
 
 
-_CACHE: dict[int, tuple[object, tuple[int, ...], bool, Schedule]] = {}
-_CACHED = 16
-"""Schedules whose steps are kept: a pp-128 step of 166 microbatches holds 18 MB of them."""
-_KEPT_ACTIONS = 300_000
-"""Actions kept in all, whatever the count: sixteen 3,072-microbatch steps at pp 16 (295k actions each) would
-otherwise hold over a gigabyte."""
+_CACHE: Kept[tuple[object, tuple[int, ...], bool, Schedule]] = Kept(entries=16, weight=300_000)
+"""Schedules' steps by their orders' identity, weighed by their actions: a pp-128 step of 166 microbatches holds
+18 MB of them, and sixteen 3,072-microbatch steps at pp 16 (295k actions each) would hold over a gigabyte."""
 
 
 def _actions(schedule: Schedule) -> int:
@@ -117,9 +115,7 @@ def schedule_steps(orders: tuple[tuple[Action, ...], ...], stage_rank: tuple[int
             steps.append(Step(a, waits, key, price, first, id(a) in final, done, sends, to, hop))
         ranks.append(RankSteps(tuple(steps), dict(Counter(s.price for s in steps))))
     schedule = Schedule(tuple(ranks), dependency_order(ranks))
-    _CACHE[id(orders)] = (orders, stage_rank, split_w, schedule)
-    while len(_CACHE) > 1 and (len(_CACHE) > _CACHED or sum(_actions(e[3]) for e in _CACHE.values()) > _KEPT_ACTIONS):
-        _CACHE.pop(next(iter(_CACHE)))
+    _CACHE.put(id(orders), (orders, stage_rank, split_w, schedule), _actions(schedule))
     return schedule
 
 

@@ -26,10 +26,11 @@ importing torch to ask it would cost more than a whole 100k-GPU prediction:
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Literal
+
+from twin.step.kept import Kept
 
 Kind = Literal["F", "B", "W"]
 
@@ -88,32 +89,20 @@ def rank_stages(schedule: str, pp: int, stages: int) -> tuple[tuple[int, ...], .
 
 Orders = tuple[tuple[Action, ...], ...]
 
-_BUILT: dict[tuple[str, int, int, int], tuple[Orders, int]] = {}
-"""Orders built, with their action count, the most recently asked for last."""
-_BUILT_KEPT = 128
-_BUILT_LOCK = threading.Lock()
-_BUILT_ACTIONS = 600_000
-"""Actions kept in all: a step simulated whole at 3,072 microbatches over pp 16 holds 295k of them, and every full
-collection of Python's cycle collector walks what is kept (0.6 s, once, after three such steps were kept)."""
+_BUILT: Kept[Orders] = Kept(entries=128, weight=600_000)
+"""Orders built, by (schedule, pp, virtual stages, microbatches), weighed by their actions. 600k is a choice: a
+step simulated whole at 3,072 microbatches over pp 16 holds 295k, and after three such steps were kept (by count,
+as lru_cache kept them) a full collection took 0.6 s."""
 
 
 def build(schedule: str, pp: int, virtual_stages: int, microbatches: int) -> Orders:
     """Per-rank action lists for one step, the same object for the same arguments while it is kept (which
-    twin/step/pipeline_steps.py keeps its own answers by).
-
-    Hand-written: functools.lru_cache bounds entries, not what they hold. Locked, as lru_cache is thread-safe: the
-    dashboard predicts from several sessions' threads."""
-    key = (schedule, pp, virtual_stages, microbatches)
-    with _BUILT_LOCK:
-        entry = _BUILT.pop(key, None)
-        if entry is None:
-            orders = _build(*key)
-            entry = (orders, sum(len(order) for order in orders))
-        _BUILT[key] = entry
-        held = sum(size for _, size in _BUILT.values())
-        while len(_BUILT) > 1 and (len(_BUILT) > _BUILT_KEPT or held > _BUILT_ACTIONS):
-            held -= _BUILT.pop(next(iter(_BUILT)))[1]
-    return entry[0]
+    twin/step/pipeline_steps.py keeps its own answers by)."""
+    return _BUILT.get_or_make(
+        (schedule, pp, virtual_stages, microbatches),
+        lambda: _build(schedule, pp, virtual_stages, microbatches),
+        lambda orders: sum(len(order) for order in orders),
+    )
 
 
 def _build(schedule: str, pp: int, v: int, m: int) -> Orders:

@@ -43,6 +43,7 @@ from typing import Literal
 
 import numpy as np
 
+from twin.step.kept import Kept
 from twin.step.pipeline import Watched, simulate
 from twin.step.pipeline_data import Columns, PipelineInput, PipelineResult, RankTimes
 from twin.step.pipeline_levels import LevelTimer
@@ -290,7 +291,7 @@ def reach(inp: PipelineInput, orders: Sequence[Sequence[Action]]) -> int:
     return max(_rank_reach(order, inp.stage_rank) for order in orders)
 
 
-_REACHES: dict[int, tuple[object, tuple[int, ...], tuple[int, ...]]] = {}
+_REACHES: Kept[tuple[object, tuple[int, ...], tuple[int, ...]]] = Kept(entries=16)
 
 
 def rank_reaches(inp: PipelineInput, orders: tuple[tuple[Action, ...], ...]) -> tuple[int, ...]:
@@ -300,9 +301,7 @@ def rank_reaches(inp: PipelineInput, orders: tuple[tuple[Action, ...], ...]) -> 
     if hit is not None and hit[0] is orders and hit[1] == inp.stage_rank:
         return hit[2]
     reaches = tuple(_rank_reach(order, inp.stage_rank) for order in orders)
-    if len(_REACHES) >= 16:
-        _REACHES.pop(next(iter(_REACHES)))
-    _REACHES[id(orders)] = (orders, inp.stage_rank, reaches)
+    _REACHES.put(id(orders), (orders, inp.stage_rank, reaches))
     return reaches
 
 
