@@ -1,13 +1,14 @@
 """The twin against published figures, row by row, each in its source's own convention, worst rows first.
 
-Tables (benchmarks/published.py): nccl-tests bus bandwidth on one node; Narayanan et al. 2021 Table 1 (A100,
-TFLOP/s by the paper's formula); Megatron-Core r0.8.0's H100 table (TFLOP/s by Megatron-Core's formula); the
-Megatron-LM A100 README table (MFU); Llama 3 405B Table 4 (MFU); NVIDIA's DGX Cloud recipes (step time, as
-throughput). Each row says its kind: `validation` (the twin was not built from that figure), `consistency` (a
-catalogue number was derived from the same published figure, so agreement only shows the arithmetic is
-consistent) or `fit` (the row is in the table an accelerator's one fitted constant was fitted on). Prints a table
-per source with mean and worst absolute error (and, beside a fit, the rows left out of it) and writes
-benchmarks/results/published_figures.json. Run: `python benchmarks/published_figures.py`.
+Tables (benchmarks/published.py, benchmarks/published_nemotron.py): nccl-tests bus bandwidth on one node; Narayanan
+et al. 2021 Table 1 (A100, TFLOP/s by the paper's formula); Megatron-Core r0.8.0's H100 table (TFLOP/s by
+Megatron-Core's formula); the Megatron-LM A100 README table (MFU); Llama 3 405B Table 4 (MFU); NVIDIA's DGX Cloud
+recipes (step time, as throughput: Llama 3.1 and GPT-3, Grok-1, Nemotron-4). Each row says its kind: `validation`
+(the twin was not built from that figure), `consistency` (a catalogue number was derived from the same published
+figure, so agreement only shows the arithmetic is consistent) or `fit` (the row is in the table an accelerator's
+one fitted constant was fitted on). Prints a table per source with mean and worst absolute error (and, beside a
+fit, the rows left out of it) and writes benchmarks/results/published_figures.json. Run:
+`python benchmarks/published_figures.py`.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from benchmarks.published import (
     narayanan_plan,
     narayanan_tflops,
 )
+from benchmarks.published_nemotron import NEMOTRON_H100, SOURCE, nemotron_plan
 from plan.loader import load_cluster
 from twin.step.collectives import InNetwork, collective_time
 from twin.step.fabric import Fabric
@@ -131,6 +133,18 @@ def grok_rows() -> list[Row]:
     return out
 
 
+def nemotron_rows() -> list[Row]:
+    """Nemotron-4 15B and 340B step times of the same recipes release at every published GPU count, bf16 and fp8
+    (benchmarks/published_nemotron.py; no fit uses them)."""
+    out = []
+    for r in NEMOTRON_H100:
+        step = predict(nemotron_plan(r)).step_time_s
+        layout = f"TP{r.tp} PP{r.pp} CP{r.cp}" + (" VP12" if r.pp > 1 else "")
+        what = f"{r.model} {r.dtype}, {r.gpus:,} H100, {layout}: tokens/s per GPU"
+        out.append(_tokens_per_gpu_row(what, 4096 * r.batch / r.gpus, r.step_s, step, SOURCE))
+    return out
+
+
 def _tokens_per_gpu_row(
     what: str, tokens_per_gpu: float, published_s: float, predicted_s: float, source: str, kind: str = "validation"
 ) -> Row:
@@ -157,6 +171,7 @@ TABLES: dict[str, Callable[[], list[Row]]] = {
     "llama3-table4": llama_rows,
     "dgxc-h100": dgxc_rows,
     "dgxc-h100-moe": grok_rows,
+    "dgxc-h100-nemotron": nemotron_rows,
 }
 
 

@@ -130,6 +130,18 @@ class Layout(UserSection):
         return self.pp * self.virtual_stages
 
     @property
+    def weight_replicas(self) -> int:
+        """Ranks that hold the same dense weights: dp · cp. Context-parallel ranks see different tokens of the same
+        sequences with the same weights, so their gradients are reduced, and ZeRO shards, over dp and cp together
+        (Megatron-Core's data-parallel group `with_context_parallel=True`; the executor's dp·cp replica mesh)."""
+        return self.dp * self.cp
+
+    @property
+    def expert_replicas(self) -> int:
+        """Ranks that hold the same routed experts: (dp / ep) · cp."""
+        return self.dp // self.ep * self.cp
+
+    @property
     def axes(self) -> tuple[str, ...]:
         """The rank grid's axes, innermost first."""
         return tuple(self.rank_order.split("-"))

@@ -155,6 +155,10 @@ class Stack(UserSection):
     context- and data-parallel ranks at the end of each model chunk's forward and backward, on the compute stream:
     Transformer Engine 1.x delayed scaling (FP8GlobalStateManager.reduce_and_update_fp8_tensors over the
     fp8_group Megatron-Core core_v0.10.0 transformer_block.py passes: the amax reduction group)."""
+    fp8_params: bool = False
+    """An fp8 plan keeps its working weights in fp8 (Transformer Engine's fp8_model_init, NeMo's `fp8_params`): one
+    byte per weight on every rank, and the distributed optimizer's parameter all-gather moves fp8; the fp32 master
+    copy stays in the optimizer state."""
     fp8_activations: bool = False
     """An fp8 plan keeps its activations in fp8 between the GEMMs too, so pipeline sends, context-parallel K and V
     and the tensor-parallel reduce-scatters move fp8 (DeepSeek-V3 §3.3.3 caches and sends activations in FP8);

@@ -36,6 +36,52 @@ def test_zero_model_state_is_16_bytes_per_param_sharded_by_stage(model: str, zer
         assert weights + grads + optimizer == pytest.approx(16 * n)  # Rajbhandari et al. 2020
 
 
+@pytest.mark.parametrize("zero", [1, 2, 3])
+def test_context_parallel_ranks_share_the_zero_shards(zero: int) -> None:
+    """Context-parallel ranks hold the same weights, so ZeRO shards over dp · cp (Megatron-Core's data-parallel
+    group with context parallelism, the executor's dp·cp replica mesh): dp 2 · cp 4 holds what dp 8 holds."""
+    common = ["model=llama3-8b", "layout.tp=1", "layout.pp=1", f"layout.zero={zero}", "cluster=dgx-h100-superpod"]
+    flat = loader.load("cpu-tiny", [*common, "layout.dp=8", "training.global_batch=16"])
+    with_cp = loader.load("cpu-tiny", [*common, "layout.dp=2", "layout.cp=4", "training.global_batch=4"])
+    assert rank_state_bytes(with_cp, [0]) == pytest.approx(rank_state_bytes(flat, [0]))
+    n = param_count(with_cp.model).total
+    assert rank_state_bytes(with_cp, [0])[2] == pytest.approx(12 * n / 8)
+
+
+def test_gradients_are_reduced_over_context_parallel_ranks_too() -> None:
+    """dp 1 · cp 2: no data parallelism, yet the two context-parallel halves of each sequence produce partial
+    gradients of the same weights, which must be reduced before the step."""
+    args = ["model=llama3-8b", "layout.tp=1", "layout.pp=1", "layout.zero=1", "cluster=dgx-h100-superpod"]
+    with_cp = predict(loader.load("cpu-tiny", [*args, "layout.dp=1", "layout.cp=2", "training.global_batch=4"]))
+    alone = predict(loader.load("cpu-tiny", [*args, "layout.dp=1", "layout.cp=1", "training.global_batch=4"]))
+    assert "dp" not in alone.collectives
+    assert with_cp.collectives["dp"]["ranks"] == 2
+
+
+def test_fp8_params_keep_one_byte_weights() -> None:
+    """A stack that keeps fp8 working weights (Stack.fp8_params, NeMo's recipes) holds one byte per weight under
+    an fp8 plan, and two under bf16; the fp32 master copy stays in the optimizer's 12 bytes."""
+    args = ["model=llama3-8b", "layout.tp=1", "layout.pp=1", "layout.dp=8", "layout.zero=1", "stack=nemo-24.12"]
+    mems = {}
+    for dtype in ("bf16", "fp8"):
+        for keep in ("false", "true"):
+            plan = loader.load(
+                "cpu-tiny",
+                [
+                    *args,
+                    "training.global_batch=16",
+                    "cluster=dgx-h100-superpod",
+                    f"training.dtype={dtype}",
+                    f"stack.fp8_params={keep}",
+                ],
+            )
+            mems[dtype, keep] = predict(plan).memory
+    gib = param_count(plan.model).total / 2**30
+    assert mems["fp8", "true"].params == pytest.approx(gib)
+    assert mems["fp8", "false"].params == mems["bf16", "true"].params == pytest.approx(2 * gib)
+    assert mems["fp8", "true"].optimizer == mems["fp8", "false"].optimizer
+
+
 def test_tensor_and_pipeline_parallelism_split_the_weights() -> None:
     base = loader.load("llama3-405b-16k", ["layout.zero=0"])
     total = sum(rank_state_bytes(base, [s])[0] for s in range(base.layout.num_stages))

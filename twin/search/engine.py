@@ -11,7 +11,7 @@ processes, a batch at a time.
 
 from __future__ import annotations
 
-import heapq
+import bisect
 import math
 import os
 from collections.abc import Callable, Iterable, Mapping
@@ -151,7 +151,7 @@ def search(
 
     pool = executor or ProcessPoolExecutor(max_workers=workers or os.cpu_count() or 1)
     in_flight = 2 * (workers or os.cpu_count() or 1)  # enough to keep every worker busy while this one prunes
-    best: list[tuple[float, tuple[Any, ...], Candidate]] = []  # max-heap by objective (negated) of the top K
+    best: list[Candidate] = []  # the top K so far, by (objective, _order): ties resolve as the final ranking does
     simulated: list[Candidate] = []
     pending: dict[Future[Outcome], tuple[Shape, Knobs, Plan]] = {}
 
@@ -162,15 +162,13 @@ def search(
             tally.simulated += 1
             cand = _candidate(shape, knob, plan, outcome, price, score)
             simulated.append(cand)
-            entry = (-cand.objective, _order(cand), cand)
-            if len(best) < top_k:
-                heapq.heappush(best, entry)
-            elif entry[:2] > best[0][:2]:
-                heapq.heapreplace(best, entry)
+            bisect.insort(best, cand, key=_rank)
+            del best[top_k:]
 
     def beaten(objective: float) -> bool:
-        """No layout of this objective or worse can enter the top K (pruning waits for the K-th result)."""
-        return not exhaustive and len(best) >= top_k and objective >= -best[0][0]
+        """No layout of this objective or worse can enter the top K (pruning waits for the K-th result); one equal
+        to the K-th may still enter it by the order ties are ranked in."""
+        return not exhaustive and len(best) >= top_k and objective > best[-1].objective
 
     try:
         for i, (bound, shape) in enumerate(bounded):
@@ -191,8 +189,8 @@ def search(
         if executor is None:
             pool.shutdown(cancel_futures=True)
     tally.cost_cache_hits = bounds.hits
-    top = sorted((c for _, _, c in best), key=lambda c: (c.objective, _order(c)))
-    simulated.sort(key=lambda c: (c.objective, _order(c)))
+    top = best
+    simulated.sort(key=_rank)
     if objective == "goodput-time":
         top = _by_goodput(top, seeds)
     mine = _given(given, cluster, stack, score, price) if isinstance(given, Plan) else given
@@ -247,6 +245,10 @@ def _trades_that_fit(
 def _over(plan: Plan, cluster: Any, stack: Any) -> bool:
     peak, capacity = memory_of(plan, cluster, stack)
     return peak > capacity
+
+
+def _rank(c: Candidate) -> tuple[Any, ...]:
+    return (c.objective, _order(c))
 
 
 def _order(c: Candidate) -> tuple[Any, ...]:

@@ -153,7 +153,7 @@ def zero3_layer_exposed(ctx: StepContext, layer: int, cost: PassCost) -> tuple[f
     """FSDP without pipelining: each layer's weights are gathered before use and its gradients reduce-scattered,
     prefetched one layer ahead, so only what outlasts the layer's compute shows."""
     p = layer_params(ctx.plan, layer)
-    dp = ctx.span("dp")
+    dp = ctx.span("dp", "cp")
     gather = ctx.time("all_gather", ctx.param_bytes * (p.dense + p.expert), dp)
     scatter = ctx.time("reduce_scatter", ctx.grad_bytes * (p.dense + p.expert), dp)
     backward = cost.backward_input_s + cost.backward_weight_s
@@ -188,9 +188,9 @@ def dp_costs(ctx: StepContext) -> tuple[dict[int, float], dict[int, float], floa
     plan, lay = ctx.plan, ctx.plan.layout
     reduce_s: dict[int, float] = {}
     gather_s: dict[int, float] = {}
-    if lay.dp == 1 or (lay.zero == 3 and lay.pp == 1):
+    if lay.weight_replicas == 1 or (lay.zero == 3 and lay.pp == 1):
         return reduce_s, gather_s, 0.0
-    dp, edp = ctx.span("dp"), ctx.span("edp")
+    dp, edp = ctx.span("dp", "cp"), ctx.span("edp", "cp")  # every rank of the weights (Layout.weight_replicas)
     op = "all_reduce" if lay.zero == 0 else "reduce_scatter"
     param_gather = 0.0
     g, w = ctx.grad_bytes, ctx.param_bytes

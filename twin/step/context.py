@@ -15,6 +15,7 @@ from twin.step.compute import Device, act_bytes
 from twin.step.fabric import Fabric, GroupSpan
 from twin.step.kept import Kept
 from twin.step.kernels import Shape, expert_split
+from twin.step.memory import weight_bytes
 
 DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1}
 
@@ -87,8 +88,8 @@ class StepContext:
 
     @property
     def param_bytes(self) -> int:
-        """Bytes per element of the weights the ZeRO gathers move: fp32 where the plan trains in fp32, else 16 bits."""
-        return 4 if self.plan.training.dtype == "fp32" else 2
+        """Bytes per element of the weights the ZeRO gathers move (memory.weight_bytes)."""
+        return weight_bytes(self.plan, self.stack)
 
     @property
     def dp_overlap(self) -> float:

@@ -128,7 +128,7 @@ def param_tensors(ctx: StepContext, stage: int, sharded_only: bool = False) -> i
     m, lay = ctx.plan.model, ctx.plan.layout
     layers = len(stage_layer_ranges(ctx.plan)[stage])
     first, last = stage == 0, stage == lay.num_stages - 1
-    if sharded_only and not (lay.zero >= 1 and lay.dp * lay.cp > 1):
+    if sharded_only and not (lay.zero >= 1 and lay.weight_replicas > 1):
         if lay.tp == 1:
             return 0
         return layers * (4 + (3 if m.glu else 2)) + int(first) + int(last)
@@ -137,7 +137,7 @@ def param_tensors(ctx: StepContext, stage: int, sharded_only: bool = False) -> i
 
 def optimizer_s(ctx: StepContext) -> dict[int, float]:
     """Seconds of the Adam step on each pipeline rank: memory-bound over the parameters it updates — its ZeRO
-    shard from stage 1 on (dense over dp, experts over dp / ep), all of its parameters without ZeRO — plus the
+    shard from stage 1 on (dense over dp·cp, experts over dp / ep · cp), all of its parameters without ZeRO — plus the
     optimizer's per-tensor ops (the job-wide gradient-norm all-reduce before it is the pipeline's barrier_s)."""
     lay, eff = ctx.plan.layout, ctx.cluster.compute
     sharded_s = eff.sharded_kernel_overhead_us * 1e-6
@@ -145,7 +145,7 @@ def optimizer_s(ctx: StepContext) -> dict[int, float]:
     for rank, stages in enumerate(schedules.rank_stages(lay.schedule, lay.pp, lay.num_stages)):
         params = [stage_params(ctx.plan, s) for s in stages]
         if lay.zero >= 1:
-            local = sum(p.dense / lay.dp + p.expert / (lay.dp // lay.ep) for p in params)
+            local = sum(p.dense / lay.weight_replicas + p.expert / lay.expert_replicas for p in params)
         else:
             local = sum(p.dense + p.expert for p in params)
         tensor_ops = eff.optimizer_kernels_per_tensor * sum(param_tensors(ctx, s) for s in stages)

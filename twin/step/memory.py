@@ -150,19 +150,32 @@ def activation_bytes(plan: Plan, stack: Stack, moe: bool) -> tuple[float, float]
     return kept * shape.tokens * per_element, share
 
 
-def rank_state_bytes(plan: Plan, stages: Sequence[int], grad_bytes: int = 2) -> tuple[float, float, float]:
+def weight_bytes(plan: Plan, stack: Stack) -> int:
+    """Bytes per working weight: 4 where the plan trains in fp32, 1 under fp8 where the stack keeps its weights in
+    fp8 (Stack.fp8_params), else 2."""
+    dtype = plan.training.dtype
+    if dtype == "fp8" and stack.fp8_params:
+        return 1
+    return 4 if dtype == "fp32" else 2
+
+
+def rank_state_bytes(
+    plan: Plan, stages: Sequence[int], grad_bytes: int = 2, param_bytes: int = 2
+) -> tuple[float, float, float]:
     """(weights, gradients, optimizer) bytes of one rank holding `stages`, sharded as its ZeRO stage says; gradients
-    of `grad_bytes` each (2: bf16, 16 bytes per parameter in all with Adam; 4: Megatron's fp32 main_grad)."""
+    of `grad_bytes` each (2: bf16, 16 bytes per parameter in all with Adam; 4: Megatron's fp32 main_grad), weights
+    of `param_bytes` each (weight_bytes)."""
     lay = plan.layout
     params = [stage_params(plan, s) for s in stages]
     dense, expert = sum(p.dense for p in params), sum(p.expert for p in params)
-    edp = lay.dp // lay.ep
 
     def shard(stage_from: int) -> float:
-        return dense / lay.dp + expert / edp if lay.zero >= stage_from else dense + expert
+        if lay.zero < stage_from:
+            return dense + expert
+        return dense / lay.weight_replicas + expert / lay.expert_replicas
 
     opt = OPTIMIZER_BYTES[plan.training.optimizer]
-    return 2 * shard(3), grad_bytes * shard(2), opt * shard(1)
+    return param_bytes * shard(3), grad_bytes * shard(2), opt * shard(1)
 
 
 def transient_bytes(plan: Plan, stack: Stack, stages: Sequence[int], last: bool) -> float:
@@ -185,7 +198,7 @@ def transient_bytes(plan: Plan, stack: Stack, stages: Sequence[int], last: bool)
         gathered = sum(p.dense + p.expert for p in (stage_params(plan, s) for s in stages))
         # pipelined FSDP keeps the stage gathered for the whole step (reshard_after_forward=False);
         # otherwise the current and the prefetched layer are gathered at once
-        candidates.append(2 * (gathered if lay.pp > 1 else 2 * biggest))
+        candidates.append(weight_bytes(plan, stack) * (gathered if lay.pp > 1 else 2 * biggest))
     return max(candidates)
 
 
@@ -200,7 +213,7 @@ def rank_breakdowns(
     capacity = cluster.accelerator.hbm_GB * 1e9
     out = []
     for rank, stages in enumerate(rank_stages(lay.schedule, lay.pp, lay.num_stages)):
-        weights, grads, optim = rank_state_bytes(plan, stages, grad_bytes)
+        weights, grads, optim = rank_state_bytes(plan, stages, grad_bytes, weight_bytes(plan, stack))
         acts = peak_live_layers[rank] * dense_act
         transient = transient_bytes(plan, stack, stages, last=lay.num_stages - 1 in stages)
         peak = weights + grads + optim + acts + transient + RESERVED_BYTES

@@ -291,9 +291,10 @@ def _collective_summary(ctx: StepContext) -> dict[str, dict[str, Any]]:
     }
     out = {}
     for axis, (op, nbytes) in typical.items():
-        if ctx.grid.size(axis) == 1:
+        axes = ("dp", "cp") if axis == "dp" else (axis,)  # gradients reduce over every rank of the weights
+        if math.prod(ctx.grid.size(a) for a in axes) == 1:
             continue
-        span = ctx.span(axis) if axis != "pp" else ctx.fabric.span(ctx.grid.group_of(0, "pp")[:2])
+        span = ctx.span(*axes) if axis != "pp" else ctx.fabric.span(ctx.grid.group_of(0, "pp")[:2])
         cost = collective_time(op, nbytes, span, ctx.net)  # type: ignore[arg-type]
         out[axis] = {
             "op": op,
