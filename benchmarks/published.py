@@ -356,17 +356,13 @@ default where a recipe leaves cross_entropy_loss_fusion unset (the Llama 3.1 rec
 
 DGXC_STACK_OVERRIDES: dict[str, dict[str, Any]] = {
     "llama3-405b": {"fp8_reduce_scatter": True},
-    "gpt3-175b": {
-        "layer": [k.model_dump() for k in _MCORE.layer],
-        "head_kernels": UNFUSED_CROSS_ENTROPY,
-        "fp8_params": False,
-    },
+    "gpt3-175b": {"layer": [k.model_dump() for k in _MCORE.layer], "head_kernels": UNFUSED_CROSS_ENTROPY},
 }
 """What a recipe sets beyond the stack. llama3.1/configure.sh gives 405B fp8 userbuffers for the proj and fc2
 forward reduce-scatters (ub_tp_comm_overlap_cfg.{proj,fc2}_fprop.fp8_buf=$FP8_ENABLED). nemo_megatron/
 gpt3_175b_hydra.yaml runs NeMo's GPT defaults: LayerNorm, learned positions (no RoPE), bias-GeLU, hidden and
-attention dropout 0.1 (bias_dropout_add_fusion) and the unfused cross-entropy: megatron-core-0.8's kernel list;
-and its configure.sh passes no fp8_params, so its fp8 rows keep 16-bit weights."""
+attention dropout 0.1 (bias_dropout_add_fusion) and the unfused cross-entropy: megatron-core-0.8's kernel list
+(its fp8_params: true, line 221, is the stack's)."""
 
 
 def dgxc_plan(row: DgxcRow, overrides: list[str] | None = None) -> Plan:

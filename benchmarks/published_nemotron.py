@@ -17,6 +17,10 @@ Settings, all from the release (nemotron/nemotron4-{15b,340b}-synth.yaml, with n
   on PyTorch >= 2.2) fuses squared_relu = pow(relu(x), 2) into one kernel each way, as bias_gelu is fused in the
   stack's list; fused RoPE (on half the head dims, the fused kernel copying the rest); the fused cross-entropy;
   fp8 working weights under fp8 (configure.sh passes +model.fp8_params, as the stack's fp8_params says).
+- Not modelled: 340B's `optim.dtype: bf16` (distributed_fused_adam keeping its moments in bf16, about 6 bytes of
+  optimizer state per parameter where the twin counts Adam's 12) and `NCCL_NVLS_ENABLE=0` (every DGX Cloud recipe
+  sets it; the twin may pick NVLS for a node's small all-reduces). Both only lower the predicted memory or move
+  microseconds; the 340B rows fit either way.
 
 Run as part of benchmarks/published_figures.py.
 """

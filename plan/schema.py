@@ -9,7 +9,8 @@ How expert parallelism folds into data parallelism (as Megatron-Core does): the 
 dp · tp · pp · cp; `ep` does not multiply it. The `dp` replicas of the dense weights are split into
 `dp / ep` expert-data-parallel groups of `ep` ranks each, and the experts of each MoE layer are spread over
 the `ep` ranks of a group. So `ep` must divide `dp`; the dense weights are reduced over `dp` ranks and the expert
-weights over `dp / ep` ranks.
+weights over `dp / ep` ranks — times `cp` for both, since context-parallel ranks hold the same weights
+(`Layout.weight_replicas`, `Layout.expert_replicas`).
 """
 
 from __future__ import annotations

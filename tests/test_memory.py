@@ -7,8 +7,10 @@ import pytest
 from plan import loader
 from plan.model_math import param_count
 from plan.stacks import load_stack
+from twin.step.comm_costs import dp_costs
+from twin.step.context import step_context
 from twin.step.memory import activation_bytes, layer_params, rank_state_bytes
-from twin.step.predict import predict
+from twin.step.predict import DEFAULT_OPTIONS, predict
 
 
 @pytest.mark.parametrize("model", ["llama3-8b", "gpt3-175b", "tiny"])
@@ -52,10 +54,15 @@ def test_gradients_are_reduced_over_context_parallel_ranks_too() -> None:
     """dp 1 · cp 2: no data parallelism, yet the two context-parallel halves of each sequence produce partial
     gradients of the same weights, which must be reduced before the step."""
     args = ["model=llama3-8b", "layout.tp=1", "layout.pp=1", "layout.zero=1", "cluster=dgx-h100-superpod"]
-    with_cp = predict(loader.load("cpu-tiny", [*args, "layout.dp=1", "layout.cp=2", "training.global_batch=4"]))
-    alone = predict(loader.load("cpu-tiny", [*args, "layout.dp=1", "layout.cp=1", "training.global_batch=4"]))
+    with_cp_plan = loader.load("cpu-tiny", [*args, "layout.dp=1", "layout.cp=2", "training.global_batch=4"])
+    alone_plan = loader.load("cpu-tiny", [*args, "layout.dp=1", "layout.cp=1", "training.global_batch=4"])
+    with_cp, alone = predict(with_cp_plan), predict(alone_plan)
     assert "dp" not in alone.collectives
     assert with_cp.collectives["dp"]["ranks"] == 2
+    for plan, priced in ((with_cp_plan, True), (alone_plan, False)):
+        ctx = step_context(plan, loader.plan_cluster(plan), DEFAULT_OPTIONS)
+        reduce_s, _, gather_s = dp_costs(ctx)
+        assert (sum(reduce_s.values()) > 0 and gather_s > 0) is priced
 
 
 def test_fp8_params_keep_one_byte_weights() -> None:

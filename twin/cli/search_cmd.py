@@ -26,7 +26,7 @@ def search_command(
     batch_tokens: Annotated[str | None, typer.Option("--batch-tokens", help="Global batch in tokens.")] = None,
     batch_range: Annotated[str | None, typer.Option("--batch-range", help="Global batch LOW:HIGH tokens.")] = None,
     objective: Annotated[str, typer.Option("--objective", help="time | cost | mfu | goodput-time.")] = "time",
-    top: Annotated[int, typer.Option("--top", help="How many layouts to list.")] = 5,
+    top: Annotated[int, typer.Option("--top", min=1, help="How many layouts to list.")] = 5,
     fix: Annotated[
         list[str] | None, typer.Option("--fix", help="Pin a field: section.field=value (repeatable).")
     ] = None,

@@ -97,9 +97,9 @@ def _remote_step_s(plan: Plan, cluster: Cluster, step_s: float) -> float:
     node outside the job and its spares, as a scheduler without a local spare would place it."""
     job_nodes = -(-plan.layout.world_size // cluster.node.gpus)
     outside = job_nodes + plan.reliability.hot_spares
-    axis = "dp" if plan.layout.dp > 1 else "pp"
+    axes = ("dp", "cp") if plan.layout.weight_replicas > 1 else ("pp",)
     grid = RankGrid.from_layout(plan.layout)
-    group = grid.group_of(0, axis)
+    group = grid.group_of(0, *axes)
     if outside >= cluster.nodes or len(group) < 2:
         return step_s
     moved = int(group[1]) // cluster.node.gpus

@@ -153,9 +153,10 @@ def zero3_layer_exposed(ctx: StepContext, layer: int, cost: PassCost) -> tuple[f
     """FSDP without pipelining: each layer's weights are gathered before use and its gradients reduce-scattered,
     prefetched one layer ahead, so only what outlasts the layer's compute shows."""
     p = layer_params(ctx.plan, layer)
-    dp = ctx.span("dp", "cp")
-    gather = ctx.time("all_gather", ctx.param_bytes * (p.dense + p.expert), dp)
-    scatter = ctx.time("reduce_scatter", ctx.grad_bytes * (p.dense + p.expert), dp)
+    dp, edp = ctx.span("dp", "cp"), ctx.span("edp", "cp")  # every rank of the weights, and of the experts
+    w, g = ctx.param_bytes, ctx.grad_bytes
+    gather = ctx.time("all_gather", w * p.dense, dp) + ctx.time("all_gather", w * p.expert, edp)
+    scatter = ctx.time("reduce_scatter", g * p.dense, dp) + ctx.time("reduce_scatter", g * p.expert, edp)
     backward = cost.backward_input_s + cost.backward_weight_s
     return max(0.0, gather - cost.forward_s), max(0.0, gather + scatter - backward)
 

@@ -3,8 +3,9 @@ policy, the microbatches the schedule keeps in flight, and whether it all fits.
 
 Model state follows the mixed-precision Adam accounting of Rajbhandari et al. 2020 (ZeRO, §3): bf16 weights (2 B),
 bf16 gradients (2 B) and fp32 master weights, momentum and variance (12 B) — 16 bytes per parameter — with ZeRO-1
-sharding the 12 B over the data-parallel group, ZeRO-2 the gradients too and ZeRO-3 the weights as well. Expert
-weights are sharded over their own expert-data-parallel group (dp / ep).
+sharding the 12 B over the data-parallel group (dp · cp: context-parallel ranks hold the same weights), ZeRO-2
+the gradients too and ZeRO-3 the weights as well. Expert weights are sharded over their own expert-data-parallel
+group (dp / ep · cp). A plan that trains in fp32 has no separate master copy (16 B in all).
 
 Activations follow Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer Models", §4),
 counted tensor by tensor from the stack's kernels (see `activation_bytes`): unfused attention keeps its s x s
@@ -42,9 +43,9 @@ class StageParams:
     """Parameters one rank holds for one model stage, split by the group that reduces their gradients."""
 
     dense: float
-    """Reduced over the whole dp group: attention, dense MLPs, shared experts, router, embeddings."""
+    """Reduced over the whole dp · cp group: attention, dense MLPs, shared experts, router, embeddings."""
     expert: float
-    """Routed-expert weights, reduced over the expert-data-parallel group (dp / ep)."""
+    """Routed-expert weights, reduced over the expert-data-parallel group (dp / ep · cp)."""
 
 
 @dataclass(frozen=True)
@@ -174,7 +175,8 @@ def rank_state_bytes(
             return dense + expert
         return dense / lay.weight_replicas + expert / lay.expert_replicas
 
-    opt = OPTIMIZER_BYTES[plan.training.optimizer]
+    # a plan that trains in fp32 keeps no separate master copy: its fp32 weights are it (16 B with Adam in all)
+    opt = OPTIMIZER_BYTES[plan.training.optimizer] - (4 if plan.training.dtype == "fp32" else 0)
     return param_bytes * shard(3), grad_bytes * shard(2), opt * shard(1)
 
 
