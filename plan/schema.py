@@ -68,7 +68,8 @@ class Layout(UserSection):
     ep: PositiveInt = 1
     """Expert-parallel degree (ranks sharing one MoE layer's experts); folds into dp, must divide it."""
     zero: Literal[0, 1, 2, 3] = 0
-    """ZeRO stage over the dp axis: 0 none, 1 optimizer state, 2 + gradients, 3 + parameters (FSDP)."""
+    """ZeRO stage over the dp · cp ranks that hold the same weights: 0 none, 1 optimizer state, 2 + gradients, 3 +
+    parameters (FSDP)."""
     microbatch_size: PositiveInt = 1
     """Sequences per microbatch on one dp rank (sequences)."""
     schedule: Schedule = "1f1b"
