@@ -355,14 +355,24 @@ UNFUSED_CROSS_ENTROPY = [k.model_dump() for k in _MCORE.head_kernels]
 default where a recipe leaves cross_entropy_loss_fusion unset (the Llama 3.1 recipes set it on)."""
 
 DGXC_STACK_OVERRIDES: dict[str, dict[str, Any]] = {
-    "llama3-405b": {"fp8_reduce_scatter": True},
-    "gpt3-175b": {"layer": [k.model_dump() for k in _MCORE.layer], "head_kernels": UNFUSED_CROSS_ENTROPY},
+    "llama3-405b": {"fp8_reduce_scatter": True, "tp_overlap_sm_margin": {"proj": 24, "fc2": 8}},
+    "llama3-70b": {"tp_overlap_sms": 8.5},
+    "gpt3-175b": {
+        "layer": [k.model_dump() for k in _MCORE.layer],
+        "head_kernels": UNFUSED_CROSS_ENTROPY,
+        "tp_overlap_sm_margin": {"proj": 24, "fc2": 20},
+        "tp_overlap_sms": 4.5,
+    },
 }
-"""What a recipe sets beyond the stack. llama3.1/configure.sh gives 405B fp8 userbuffers for the proj and fc2
-forward reduce-scatters (ub_tp_comm_overlap_cfg.{proj,fc2}_fprop.fp8_buf=$FP8_ENABLED). nemo_megatron/
-gpt3_175b_hydra.yaml runs NeMo's GPT defaults: LayerNorm, learned positions (no RoPE), bias-GeLU, hidden and
-attention dropout 0.1 (bias_dropout_add_fusion) and the unfused cross-entropy: megatron-core-0.8's kernel list
-(its fp8_params: true, line 221, is the stack's)."""
+"""What a recipe sets beyond the stack. Each TP-overlapped recipe's ub_tp_comm_overlap_cfg (llama3.1/llama3.1_
+{70b,405b}.yaml, nemo_megatron/gpt3_175b_hydra.yaml) withholds SMs from the proj and fc2 forward GEMMs for their
+reduce-scatters (set_sm_margin: 70B 24 and 16, the stack's, 405B 24 and 8, GPT-3 24 and 20) and gives its bulk
+collectives their own SMs (qkv_dgrad, qkv_wgrad, fc1_dgrad, fc1_wgrad: 70B 4, 24, 2, 4; 405B 2, 24, 2, 2, the
+stack's mean; GPT-3 4, 8, 2, 4; `tp_overlap_sms` is their mean). llama3.1/configure.sh gives 405B fp8 userbuffers
+for the proj and fc2 forward reduce-scatters (ub_tp_comm_overlap_cfg.{proj,fc2}_fprop.fp8_buf=$FP8_ENABLED).
+nemo_megatron/gpt3_175b_hydra.yaml runs NeMo's GPT defaults: LayerNorm, learned positions (no RoPE), bias-GeLU,
+hidden and attention dropout 0.1 (bias_dropout_add_fusion) and the unfused cross-entropy: megatron-core-0.8's kernel
+list (its fp8_params: true, line 221, is the stack's)."""
 
 
 def dgxc_plan(row: DgxcRow, overrides: list[str] | None = None) -> Plan:
@@ -418,7 +428,15 @@ DGXC_GROK_H100 = (
 )
 
 
-GROK_STACK_OVERRIDES: dict[str, Any] = {"head_kernels": UNFUSED_CROSS_ENTROPY, "attention_kernel": "fa2"}
+TE_DEFAULT_TP_OVERLAP: dict[str, Any] = {"tp_overlap_sm_margin": {}, "tp_overlap_sms": 16}
+"""A recipe that turns userbuffers on without a cfg (grok1_314b.yaml ub_tp_comm_overlap_cfg: null,
+nemotron4-*-synth.yaml none): Transformer Engine 1.13's defaults, 16 SMs for each SM-driven collective, no margin."""
+
+GROK_STACK_OVERRIDES: dict[str, Any] = {
+    "head_kernels": UNFUSED_CROSS_ENTROPY,
+    "attention_kernel": "fa2",
+    **TE_DEFAULT_TP_OVERLAP,
+}
 """What the Grok-1 recipe runs beyond the stack: the unfused cross-entropy, and FlashAttention-2 rather than cuDNN's
 fused attention (grok1/configure.sh exports NVTE_FUSED_ATTN=0, which turns Transformer Engine's cuDNN backend off,
 leaving the flash-attn package; the Llama 3.1 and GPT-3 recipes export NVTE_FUSED_ATTN=1)."""

@@ -30,7 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from benchmarks.published import _cluster, _layout
+from benchmarks.published import TE_DEFAULT_TP_OVERLAP, _cluster, _layout
 from plan import loader
 from plan.schema import Plan
 from twin import api
@@ -111,7 +111,7 @@ def nemotron_plan(row: NemotronRow) -> Plan:
     """The recipe on DGX H100 SuperPOD nodes, ZeRO-1 (the distributed optimizer), sequence parallel."""
     big = row.model == "nemotron4-340b"
     dp = row.gpus // (row.tp * row.pp * row.cp)
-    overrides: dict[str, Any] = {"layer": _layer()}
+    overrides: dict[str, Any] = {"layer": _layer(), **TE_DEFAULT_TP_OVERLAP}
     if big:
         overrides["attention_kernel"] = "fa2"
     extra: dict[str, Any] = {"cp": row.cp, "zero": 1, "sequence_parallel": True}

@@ -170,8 +170,17 @@ class Stack(UserSection):
     `fp8_buf` (NeMo's ub_tp_comm_overlap_cfg.{proj,fc2}_fprop.fp8_buf, a per-recipe setting)."""
     tp_overlap_chunks: PositiveFloat = 1.0
     """With userbuffers: chunks each overlapped collective is cut into; the first (or last) chunk stays exposed."""
-    tp_overlap_sms: NonNegativeInt = 0
-    """With userbuffers: SMs the overlapped collectives take from the GEMMs they run beside (count)."""
+    tp_overlap_sms: NonNegativeFloat = 0.0
+    """With userbuffers: SMs the SM-driven overlapped collectives take from the GEMMs they run beside, while they
+    run (count; a recipe's mean over its collectives). Transformer Engine drives the forward reduce-scatters
+    (`pipeline`) and the backward's re-gather of the input and reduce-scatter of the input gradient (`bulk`) with
+    `num_sm` SMs each (16 unless a recipe says otherwise) and its all-gathers under GEMMs (`ring_exchange`) with the
+    copy engines, which take none (TransformerEngine v1.7 comm_gemm_overlap.h, v1.13 module/base.py
+    initialize_ub)."""
+    tp_overlap_sm_margin: dict[str, NonNegativeInt] = Field(default_factory=dict)
+    """With userbuffers: SMs withheld for the whole of a row-parallel GEMM's forward (proj, fc2) for its pipelined
+    reduce-scatter (Transformer Engine's `set_sm_margin`, a recipe setting): the GEMM runs on the rest and its
+    collective takes none of them while it runs."""
     dp_overlap: DpOverlap = "grad"
     """Data-parallel communication: none (one reduction after the pipeline flush), grad (gradient buckets under the
     last backward), grad+param (also the parameter all-gather under the next forward)."""
@@ -204,6 +213,13 @@ class Stack(UserSection):
         if cores not in ({"flash"}, {"scores", "context"}):
             raise ValueError("a layer's attention is one `flash` kernel or the `scores` and `context` GEMMs")
         return layer
+
+    @field_validator("tp_overlap_sm_margin")
+    @classmethod
+    def _margins_of_row_parallel_gemms(cls, margins: dict[str, int]) -> dict[str, int]:
+        if bad := sorted(set(margins) - {"proj", "fc2"}):
+            raise ValueError(f"an SM margin is set for the pipelined reduce-scatters of proj and fc2, not {bad}")
+        return margins
 
     @property
     def flash(self) -> bool:

@@ -240,3 +240,67 @@ def test_the_embeddings_backward_moves_its_whole_vocabulary_shards_dense_gradien
     wider = plan.model.model_copy(update={"vocab": 2 * m.vocab})
     grown = embedding_cost(wider, shape, dev, ctx.grad_bytes).backward_weight_s - cost.backward_weight_s
     assert grown == pytest.approx(dense / dev.elementwise_Bps)
+
+
+def _userbuffers_ctx(overrides: list[str]):  # type: ignore[no-untyped-def]
+    plan = loader.load(
+        "gpt-1b-h100",
+        ["cluster=dgx-h100-superpod", "stack=nemo-24.12", "layout.tp=8", "layout.pp=1", "layout.dp=1",
+         "layout.zero=0", "layout.sequence_parallel=true", "layout.recompute=none", *overrides],
+    )  # fmt: skip
+    ctx = step_context(plan, loader.plan_cluster(plan), PredictOptions(stragglers=False))
+    return ctx, layer_cost(plan.model, shape_of(ctx), ctx.device, ctx.stack, False, plan.layout.recompute)
+
+
+def test_an_sm_margin_runs_the_row_parallel_forward_gemms_on_the_other_sms() -> None:
+    """Transformer Engine's set_sm_margin keeps SMs from proj's and fc2's forward GEMMs for the whole GEMM: with a
+    margin of 24 on fc2 alone, the layer's forward grows by exactly fc2's GEMM on 132 - 24 SMs at their share of
+    the peak less fc2's GEMM on all 132; the gradient GEMMs keep every SM."""
+    none, with_margin = (
+        _userbuffers_ctx([f"stack.overrides.tp_overlap_sm_margin={margin}"]) for margin in ("{}", "{fc2: 24}")
+    )
+    ctx, base = none
+    m, tokens = ctx.plan.model, ctx.plan.layout.microbatch_size * ctx.plan.model.seq_len
+    mm, nn, kk = tokens, m.hidden, m.ffn_hidden // 8  # fc2 on one of 8 tp ranks
+    d = ctx.device
+    fewer = d.without_sms(24)
+    assert fewer.sm_count == d.sm_count - 24
+    assert fewer.peak_flops == pytest.approx(d.peak_flops * (d.sm_count - 24) / d.sm_count, rel=1e-12)
+    grown = with_margin[1].forward_s - base.forward_s
+    assert grown == pytest.approx(fewer.gemm_s(mm, nn, kk) - d.gemm_s(mm, nn, kk), rel=1e-9)
+    assert grown > 0
+    assert with_margin[1].gemm_s == base.gemm_s  # input- and weight-gradient GEMMs unchanged
+    # without tensor parallelism there is no pipelined reduce-scatter to keep SMs for
+    solo = []
+    for margin in ("{}", "{fc2: 24}"):
+        plan = loader.load("gpt-1b-h100", ["cluster=dgx-h100-superpod", "stack=nemo-24.12", "layout.tp=1",
+                                           f"stack.overrides.tp_overlap_sm_margin={margin}"])  # fmt: skip
+        c = step_context(plan, loader.plan_cluster(plan), PredictOptions(stragglers=False))
+        solo.append(layer_cost(plan.model, shape_of(c), c.device, c.stack, False, "none").forward_s)
+    assert solo[0] == solo[1]
+
+
+def test_only_sm_driven_tp_collectives_take_sms_from_the_gemms_beside_them() -> None:
+    """Under userbuffers the all-gathers under a GEMM go over the copy engines (ring_exchange) and the forward
+    reduce-scatters of margined GEMMs run on their own SMs: with both row-parallel GEMMs margined, the forward's
+    exposed TP time does not depend on tp_overlap_sms; the backward's input re-gather and input-gradient
+    reduce-scatter (bulk) do, in proportion to the SMs they take."""
+    fwd_bwd = {}
+    for margin in ("{proj: 24, fc2: 16}", "{}"):
+        for sms in (0, 16, 32):
+            ctx, cost = _userbuffers_ctx(
+                [f"stack.overrides.tp_overlap_sm_margin={margin}", f"stack.overrides.tp_overlap_sms={sms}"]
+            )
+            fwd_bwd[margin, sms] = tp_comm(ctx, cost)
+    margined = "{proj: 24, fc2: 16}"
+    assert fwd_bwd[margined, 0][0] == fwd_bwd[margined, 16][0] == fwd_bwd[margined, 32][0]
+    assert fwd_bwd["{}", 16][0] > fwd_bwd["{}", 0][0]  # unmargined reduce-scatters contend
+    for margin in (margined, "{}"):
+        b0, b16, b32 = (fwd_bwd[margin, s][1] for s in (0, 16, 32))
+        assert b16 > b0
+        assert b32 - b0 == pytest.approx(2 * (b16 - b0), rel=1e-9)
+
+
+def test_an_sm_margin_is_for_the_row_parallel_gemms_only() -> None:
+    with pytest.raises(loader.PlanError, match="proj and fc2"):
+        loader.load("gpt-1b-h100", ["stack=nemo-24.12", "stack.overrides.tp_overlap_sm_margin={qkv: 8}"])

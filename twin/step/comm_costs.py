@@ -64,11 +64,18 @@ def tp_comm(ctx: StepContext, cost: PassCost, moe: bool = False) -> tuple[float,
         elif mode == "backward":
             bwd = ag + max(0.0, ag - dgrad) + max(0.0, rs - wgrad)
         else:
+            # SM-driven shares (Stack.tp_overlap_sms): forward, the reduce-scatters of GEMMs without an SM margin;
+            # backward, the input's re-gather and the input gradient's reduce-scatter; the all-gathers under
+            # their GEMMs go over the copy engines
+            row_gemms = ("proj", "fc2")[:blocks]
+            unmargined = sum(1 for g in row_gemms if not stack.tp_overlap_sm_margin.get(g)) / len(row_gemms)
             chunks = stack.tp_overlap_chunks
-            hidden = fwd - overlapped(fwd, forward_gemm, chunks)
-            fwd = overlapped(fwd, forward_gemm, chunks) + _contention(ctx, hidden)
+            exposed = overlapped(fwd, forward_gemm, chunks)
+            fwd, hidden = exposed, fwd - exposed
+            fwd += _contention(ctx, hidden * rs_out * unmargined / (ag + rs_out)) if hidden > 0 else 0.0
             exposed = overlapped(2 * ag, dgrad, chunks) + overlapped(rs, wgrad, chunks)
-            bwd = exposed + _contention(ctx, 2 * ag + rs - exposed)
+            hidden = 2 * ag + rs - exposed
+            bwd = exposed + (_contention(ctx, hidden * (ag + rs) / (2 * ag + rs)) if hidden > 0 else 0.0)
     if dispatched:  # the gather's backward is a reduce-scatter and the scatter's a gather: the same two, exposed
         routed = tokens * m.top_k * routed_load(m) * m.hidden * ctx.ep_bytes[1]
         both = ctx.time("all_gather", routed, tp) + ctx.time("reduce_scatter", routed, tp)

@@ -153,6 +153,19 @@ class Device:
             operand_bytes=2,
         )
 
+    def without_sms(self, withheld: int) -> Device:
+        """The same rank with `withheld` SMs kept from its GEMMs (Transformer Engine's `set_sm_margin`): the wave
+        model runs on the rest, at their share of the peak."""
+        if not withheld or self.sm_count is None:
+            return self
+        share = (self.sm_count - withheld) / self.sm_count
+        return replace(
+            self,
+            sm_count=self.sm_count - withheld,
+            peak_flops=self.peak_flops * share,
+            peak16_flops=self.peak16_flops * share,
+        )
+
     # --- GEMMs --------------------------------------------------------------------------------------------------
 
     def gemm_s(self, m: float, n: float, k: float, batch: float = 1) -> float:

@@ -185,8 +185,9 @@ def layer_cost(m: ModelSpec, shape: Shape, device: Device, stack: Stack, moe: bo
             attention_block = block if kernel.gemm in ATTENTION_GEMMS else ()
             for gemm in gemms[ROUTER] if routed else ():
                 _add_gemm(device.sixteen_bit(), gemm, (fwd, dgrad, wgrad), attention_block)
+            forward_device = device.without_sms(sm_margin(stack, shape, kernel.gemm))
             for gemm in gemms[kernel.gemm]:
-                _add_gemm(device, gemm, (fwd, dgrad, wgrad), attention_block)
+                _add_gemm(device, gemm, (fwd, dgrad, wgrad), attention_block, forward_device)
             fwd_gemm += fwd.seconds - before
             if device.operand_bytes == 1:
                 _add_fp8_casts(device, gemms[kernel.gemm], cast_in and not routed, fwd, other)
@@ -228,11 +229,21 @@ def kernel_bytes(kernel: Kernel, sizes: dict[str, float], shape: Shape, stack: S
     return units * shape.tokens * ACT_BYTES * (stack.fp32_traffic if shape.act_bytes == 4 else 1.0)
 
 
-def _add_gemm(device: Device, gemm: Gemm, tallies: tuple[_Tally, ...], block: tuple[_Tally, ...]) -> None:
-    """One weight GEMM's forward, input- and weight-gradient products into `tallies` (and the attention block's)."""
+def sm_margin(stack: Stack, shape: Shape, gemm: str) -> int:
+    """SMs withheld from a row-parallel GEMM's forward for its pipelined reduce-scatter (Stack.tp_overlap_sm_margin):
+    only where userbuffers overlap a sequence-parallel layer's collectives."""
+    overlapped = stack.tp_overlap == "userbuffers" and shape.tp > 1 and shape.sequence_parallel
+    return stack.tp_overlap_sm_margin.get(gemm, 0) if overlapped else 0
+
+
+def _add_gemm(
+    device: Device, gemm: Gemm, tallies: tuple[_Tally, ...], block: tuple[_Tally, ...], forward: Device | None = None
+) -> None:
+    """One weight GEMM's forward (on `forward` where its SMs differ), input- and weight-gradient products into
+    `tallies` (and the attention block's)."""
     mm, nn, kk, b = gemm
     times = (
-        _batched(device, mm, nn, kk, b, DTENSOR_OPS_FORWARD),
+        _batched(forward or device, mm, nn, kk, b, DTENSOR_OPS_FORWARD),
         _batched(device, mm, kk, nn, b, DTENSOR_OPS_BACKWARD / 2),
         _batched(device, kk, nn, mm, b, DTENSOR_OPS_BACKWARD / 2),
     )
