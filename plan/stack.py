@@ -175,15 +175,20 @@ class Stack(UserSection):
     run (count; a recipe's mean over its collectives). Transformer Engine drives the forward reduce-scatters
     (`pipeline`) and the backward's re-gather of the input and reduce-scatter of the input gradient (`bulk`) with
     `num_sm` SMs each (16 unless a recipe says otherwise) and its all-gathers under GEMMs (`ring_exchange`) with the
-    copy engines, which take none (TransformerEngine v1.7 comm_gemm_overlap.h, v1.13 module/base.py
-    initialize_ub)."""
+    copy engines, which take none (TransformerEngine v1.7 pytorch/csrc/comm_gemm_overlap.h use_ce 0 and 1; v1.13
+    common/comm_gemm_overlap/comm_gemm_overlap.cpp use_ce false, pytorch/module/base.py initialize_ub defaults)."""
     tp_overlap_sm_margin: dict[str, NonNegativeInt] = Field(default_factory=dict)
     """With userbuffers: SMs withheld for the whole of a row-parallel GEMM's forward (proj, fc2) for its pipelined
-    reduce-scatter (Transformer Engine's `set_sm_margin`, a recipe setting): the GEMM runs on the rest and its
-    collective takes none of them while it runs."""
+    reduce-scatter (Transformer Engine's `set_sm_margin`, a recipe setting; the margin is that overlap's own
+    `num_sm`): the GEMM runs on the rest and its collective takes none of them while it runs."""
     dp_overlap: DpOverlap = "grad"
     """Data-parallel communication: none (one reduction after the pipeline flush), grad (gradient buckets under the
     last backward), grad+param (also the parameter all-gather under the next forward)."""
+    fsdp_backward_prefetch: Literal["pre", "post"] = "pre"
+    """ZeRO-3 without pipelining (FSDP): when a layer's backward all-gather is issued. pre: before the layer after it
+    computes its gradients, so it hides behind them (torch FSDP's BACKWARD_PRE, FSDP2's prefetch); post: only once
+    they are done, so the backward waits for every layer's gather (FSDP's BACKWARD_POST, Composer 0.16's
+    default)."""
     dp_overlap_pipelined: DpOverlap | None = None
     """The same when pp > 1, where it differs (Megatron 2021: torch DDP without pipelining, its own after)."""
     pp_overlap: bool = False

@@ -12,9 +12,10 @@ from typer.testing import CliRunner
 from plan import loader
 from twin import api
 from twin.cli.app import app
-from twin.step.comm_costs import layer_comm, tp_comm
+from twin.step.comm_costs import layer_comm, overlapped, tp_comm, zero3_layer_exposed
 from twin.step.context import shape_of, step_context
-from twin.step.kernels import embedding_cost, layer_cost
+from twin.step.kernels import embedding_cost, layer_cost, sm_margin
+from twin.step.memory import layer_params
 from twin.step.predict import PredictOptions, predict, straggler_factor
 
 BREAKDOWN = {
@@ -282,25 +283,84 @@ def test_an_sm_margin_runs_the_row_parallel_forward_gemms_on_the_other_sms() -> 
 
 def test_only_sm_driven_tp_collectives_take_sms_from_the_gemms_beside_them() -> None:
     """Under userbuffers the all-gathers under a GEMM go over the copy engines (ring_exchange) and the forward
-    reduce-scatters of margined GEMMs run on their own SMs: with both row-parallel GEMMs margined, the forward's
-    exposed TP time does not depend on tp_overlap_sms; the backward's input re-gather and input-gradient
-    reduce-scatter (bulk) do, in proportion to the SMs they take."""
-    fwd_bwd = {}
+    reduce-scatters of margined GEMMs run on SMs withheld for them: what the collectives take from the GEMMs beside
+    them is, forward, the hidden time's reduce-scatter share (none where both row-parallel GEMMs are margined) and,
+    backward, its re-gather and reduce-scatter share, each at tp_overlap_sms of the SMs."""
     for margin in ("{proj: 24, fc2: 16}", "{}"):
-        for sms in (0, 16, 32):
-            ctx, cost = _userbuffers_ctx(
-                [f"stack.overrides.tp_overlap_sm_margin={margin}", f"stack.overrides.tp_overlap_sms={sms}"]
-            )
-            fwd_bwd[margin, sms] = tp_comm(ctx, cost)
-    margined = "{proj: 24, fc2: 16}"
-    assert fwd_bwd[margined, 0][0] == fwd_bwd[margined, 16][0] == fwd_bwd[margined, 32][0]
-    assert fwd_bwd["{}", 16][0] > fwd_bwd["{}", 0][0]  # unmargined reduce-scatters contend
-    for margin in (margined, "{}"):
-        b0, b16, b32 = (fwd_bwd[margin, s][1] for s in (0, 16, 32))
+        base, taken = (
+            _userbuffers_ctx([f"stack.overrides.tp_overlap_sm_margin={margin}", f"stack.overrides.tp_overlap_sms={n}"])
+            for n in (0, 16)
+        )
+        ctx, cost = base
+        m, tp = ctx.plan.model, ctx.span("tp")
+        elements = ctx.plan.layout.microbatch_size * m.seq_len * m.hidden
+        ag = 2 * ctx.time("all_gather", elements * ctx.gather_bytes, tp)
+        rs_out = 2 * ctx.time("reduce_scatter", elements * ctx.reduce_bytes, tp)
+        rs = 2 * ctx.time("reduce_scatter", elements * ctx.comm_bytes, tp)
+        chunks, sms = ctx.stack.tp_overlap_chunks, ctx.cluster.accelerator.sm_count
+        fwd_hidden = ag + rs_out - overlapped(ag + rs_out, cost.forward_gemm_s, chunks)
+        dgrad, wgrad = cost.gemm_s
+        bwd_hidden = 2 * ag + rs - overlapped(2 * ag, dgrad, chunks) - overlapped(rs, wgrad, chunks)
+        (f0, b0), (f16, b16) = tp_comm(*base), tp_comm(*taken)
+        forward_share = 0.0 if margin != "{}" else rs_out / (ag + rs_out)
+        assert f16 - f0 == pytest.approx(fwd_hidden * forward_share * 16 / sms, rel=1e-9, abs=1e-15)
+        assert b16 - b0 == pytest.approx(bwd_hidden * (ag + rs) / (2 * ag + rs) * 16 / sms, rel=1e-9)
         assert b16 > b0
-        assert b32 - b0 == pytest.approx(2 * (b16 - b0), rel=1e-9)
+    # without sequence parallelism there is nothing pipelined to keep SMs for
+    plain, margined = (
+        _userbuffers_ctx(["layout.sequence_parallel=false", f"stack.overrides.tp_overlap_sm_margin={margin}"])
+        for margin in ("{}", "{fc2: 24}")
+    )
+    assert plain[1].forward_s == margined[1].forward_s
 
 
 def test_an_sm_margin_is_for_the_row_parallel_gemms_only() -> None:
+    """A margin names proj or fc2 and leaves the GEMM some SMs; an MoE layer's expert GEMMs (outside userbuffers)
+    keep them all."""
     with pytest.raises(loader.PlanError, match="proj and fc2"):
         loader.load("gpt-1b-h100", ["stack=nemo-24.12", "stack.overrides.tp_overlap_sm_margin={qkv: 8}"])
+    ctx, _ = _userbuffers_ctx([])
+    with pytest.raises(loader.PlanError, match="tp_overlap_sm_margin withholds 132 of the accelerator's 132"):
+        ctx.device.without_sms(132)
+    moe = loader.load(
+        "cpu-tiny-moe",
+        [
+            "cluster=dgx-h100-superpod",
+            "stack=nemo-24.12",
+            "layout.tp=2",
+            "layout.pp=1",
+            "layout.dp=4",
+            "layout.ep=2",
+            "layout.sequence_parallel=true",
+        ],
+    )
+    c = step_context(moe, loader.plan_cluster(moe), PredictOptions(stragglers=False))
+    shape = shape_of(c)
+    assert sm_margin(c.stack, shape, "fc2", moe=False) == 16 and sm_margin(c.stack, shape, "proj", moe=True) == 24
+    assert sm_margin(c.stack, shape, "fc2", moe=True) == 0
+
+
+def test_a_post_backward_prefetch_waits_for_every_layers_gather() -> None:
+    """FSDP's BACKWARD_POST issues a layer's backward all-gather only once the layer after it has its gradients, so
+    the backward waits for the whole gather (and for what of the reduce-scatter outlasts the layer's backward);
+    BACKWARD_PRE hides the gather behind that backward too. The forward is the same."""
+    exposed = {}
+    for prefetch in ("pre", "post"):
+        plan = loader.load(
+            "gpt-1b-h100",
+            ["cluster=dgx-h100-superpod", "layout.tp=1", "layout.pp=1", "layout.dp=8", "layout.zero=3",
+             "layout.microbatch_size=1", "training.global_batch=8",
+             f"stack.overrides.fsdp_backward_prefetch={prefetch}"],
+        )  # fmt: skip
+        ctx = step_context(plan, loader.plan_cluster(plan), PredictOptions(stragglers=False))
+        cost = layer_cost(plan.model, shape_of(ctx), ctx.device, ctx.stack, False, plan.layout.recompute)
+        exposed[prefetch] = zero3_layer_exposed(ctx, 0, cost)
+    params = layer_params(plan, 0).dense
+    dp = ctx.span("dp", "cp")
+    gather = ctx.time("all_gather", ctx.param_bytes * params, dp)
+    scatter = ctx.time("reduce_scatter", ctx.grad_bytes * params, dp)
+    backward = cost.backward_input_s + cost.backward_weight_s
+    assert exposed["post"][1] == pytest.approx(gather + max(0.0, scatter - backward), rel=1e-12)
+    assert exposed["pre"][1] == pytest.approx(max(0.0, gather + scatter - backward), rel=1e-12)
+    assert exposed["post"][1] > exposed["pre"][1]
+    assert exposed["post"][0] == exposed["pre"][0]

@@ -40,6 +40,11 @@ BOUNDS = {  # table: (mean |error|, worst |error|)
     "dgxc-h100-moe": (0.07, 0.145),
     # validation on recipes nothing was built or fitted on: Nemotron-4 15B and 340B, 16 to 2,048 GPUs
     "dgxc-h100-nemotron": (0.05, 0.10),
+    # misses the target: MosaicML's MPT on 8 A100 under FSDP, a table no part of the twin was built or fitted on.
+    # Within 5% from 512 to 8k tokens but 12-21% slow at 32k-65k (the Triton FlashAttention's only published figure
+    # stops at 16k, where it runs 80 TFLOP/s; these rows imply 90-100), and 760M at 512-1,024 tokens (+22%, +31%)
+    # and 125M (+7% to +11%) fast where the published rows lose what the twin does not see (README, Fidelity)
+    "mpt-a100": (0.10, 0.32),
 }
 LLAMA3_MFU_POINTS = {8192: 0.03, 131072: 0.05}
 """Llama 3 Table 4 prints MFU to whole points; the target is 2 points and the rounding. The 8,192-GPU row misses it

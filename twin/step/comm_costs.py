@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from twin.step import schedules
 from twin.step.context import StepContext, shape_of
-from twin.step.kernels import PassCost, mlp_tp, routed_load, routing_shard
+from twin.step.kernels import PassCost, mlp_tp, routed_load, routing_shard, sm_margin
 from twin.step.memory import layer_params, stage_params
 
 
@@ -67,8 +67,9 @@ def tp_comm(ctx: StepContext, cost: PassCost, moe: bool = False) -> tuple[float,
             # SM-driven shares (Stack.tp_overlap_sms): forward, the reduce-scatters of GEMMs without an SM margin;
             # backward, the input's re-gather and the input gradient's reduce-scatter; the all-gathers under
             # their GEMMs go over the copy engines
+            shape = shape_of(ctx)
             row_gemms = ("proj", "fc2")[:blocks]
-            unmargined = sum(1 for g in row_gemms if not stack.tp_overlap_sm_margin.get(g)) / len(row_gemms)
+            unmargined = sum(1 for g in row_gemms if not sm_margin(stack, shape, g, moe)) / len(row_gemms)
             chunks = stack.tp_overlap_chunks
             exposed = overlapped(fwd, forward_gemm, chunks)
             fwd, hidden = exposed, fwd - exposed
@@ -158,13 +159,17 @@ def edge_tp(ctx: StepContext, stage: int) -> tuple[float, float]:
 
 def zero3_layer_exposed(ctx: StepContext, layer: int, cost: PassCost) -> tuple[float, float]:
     """FSDP without pipelining: each layer's weights are gathered before use and its gradients reduce-scattered,
-    prefetched one layer ahead, so only what outlasts the layer's compute shows."""
+    prefetched one layer ahead, so only what outlasts the layer's compute shows; with a `post` backward prefetch
+    (Stack.fsdp_backward_prefetch) the backward's gather starts only when the layer after it is done, and shows
+    whole."""
     p = layer_params(ctx.plan, layer)
     dp, edp = ctx.span("dp", "cp"), ctx.span("edp", "cp")  # every rank of the weights, and of the experts
     w, g = ctx.param_bytes, ctx.grad_bytes
     gather = ctx.time("all_gather", w * p.dense, dp) + ctx.time("all_gather", w * p.expert, edp)
     scatter = ctx.time("reduce_scatter", g * p.dense, dp) + ctx.time("reduce_scatter", g * p.expert, edp)
     backward = cost.backward_input_s + cost.backward_weight_s
+    if ctx.stack.fsdp_backward_prefetch == "post":
+        return max(0.0, gather - cost.forward_s), gather + max(0.0, scatter - backward)
     return max(0.0, gather - cost.forward_s), max(0.0, gather + scatter - backward)
 
 

@@ -22,6 +22,7 @@ import math
 from dataclasses import dataclass, replace
 
 from plan.cluster import AttentionTable, Cluster
+from plan.errors import PlanError
 
 TILE = (128, 256)
 """Output tile of one SM's GEMM work: cuBLAS's large Hopper/Ampere tiles (the Matrix Multiplication guide, §2.3)."""
@@ -158,6 +159,11 @@ class Device:
         model runs on the rest, at their share of the peak."""
         if not withheld or self.sm_count is None:
             return self
+        if withheld >= self.sm_count:
+            raise PlanError(
+                f"stack.tp_overlap_sm_margin withholds {withheld} of the accelerator's {self.sm_count} SMs from a "
+                "GEMM; give it fewer (Transformer Engine recipes withhold 8-24)"
+            )
         share = (self.sm_count - withheld) / self.sm_count
         return replace(
             self,

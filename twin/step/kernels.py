@@ -185,7 +185,7 @@ def layer_cost(m: ModelSpec, shape: Shape, device: Device, stack: Stack, moe: bo
             attention_block = block if kernel.gemm in ATTENTION_GEMMS else ()
             for gemm in gemms[ROUTER] if routed else ():
                 _add_gemm(device.sixteen_bit(), gemm, (fwd, dgrad, wgrad), attention_block)
-            forward_device = device.without_sms(sm_margin(stack, shape, kernel.gemm))
+            forward_device = device.without_sms(sm_margin(stack, shape, kernel.gemm, moe))
             for gemm in gemms[kernel.gemm]:
                 _add_gemm(device, gemm, (fwd, dgrad, wgrad), attention_block, forward_device)
             fwd_gemm += fwd.seconds - before
@@ -229,11 +229,14 @@ def kernel_bytes(kernel: Kernel, sizes: dict[str, float], shape: Shape, stack: S
     return units * shape.tokens * ACT_BYTES * (stack.fp32_traffic if shape.act_bytes == 4 else 1.0)
 
 
-def sm_margin(stack: Stack, shape: Shape, gemm: str) -> int:
+def sm_margin(stack: Stack, shape: Shape, gemm: str, moe: bool = False) -> int:
     """SMs withheld from a row-parallel GEMM's forward for its pipelined reduce-scatter (Stack.tp_overlap_sm_margin):
-    only where userbuffers overlap a sequence-parallel layer's collectives."""
+    only where userbuffers overlap a sequence-parallel layer's collectives, and not for an MoE layer's expert GEMMs,
+    which run outside Transformer Engine's userbuffers."""
     overlapped = stack.tp_overlap == "userbuffers" and shape.tp > 1 and shape.sequence_parallel
-    return stack.tp_overlap_sm_margin.get(gemm, 0) if overlapped else 0
+    if not overlapped or (moe and gemm == "fc2"):
+        return 0
+    return stack.tp_overlap_sm_margin.get(gemm, 0)
 
 
 def _add_gemm(
