@@ -3,7 +3,7 @@
 Tables (benchmarks/published.py, published_nemotron.py, published_mpt.py): nccl-tests bus bandwidth on one node;
 Narayanan et al. 2021 Table 1 (A100, TFLOP/s by the paper's formula); Megatron-Core r0.8.0's H100 table (TFLOP/s by
 Megatron-Core's formula); the Megatron-LM A100 README table (MFU); Llama 3 405B Table 4 (MFU); NVIDIA's DGX Cloud
-recipes (step time, as throughput: Llama 3.1 and GPT-3, Grok-1, Nemotron-4); MosaicML's MPT on eight A100 under FSDP
+recipes (step time, as throughput: Llama 3.1 and GPT-3, Grok-1, Nemotron-4); MosaicML's MPT on A100 under FSDP
 (tokens/s per GPU). Each row says its kind: `validation` (the twin was not built from that figure), `consistency` (a
 catalogue number was derived from the same published figure, so agreement only shows the arithmetic is consistent) or
 `fit` (the row is in the table an accelerator's one fitted constant was fitted on). Prints a table per source with
@@ -42,7 +42,7 @@ from benchmarks.published import (
     narayanan_plan,
     narayanan_tflops,
 )
-from benchmarks.published_mpt import MPT_A100, mpt_plan, mpt_tokens_per_gpu
+from benchmarks.published_mpt import MPT_A100, MPT_A100_40GB, SOURCE_40GB, MptRow, mpt_plan, mpt_tokens_per_gpu
 from benchmarks.published_mpt import SOURCE as MPT_SOURCE
 from benchmarks.published_nemotron import NEMOTRON_H100, SOURCE, nemotron_plan
 from plan.loader import load_cluster
@@ -147,16 +147,20 @@ def nemotron_rows() -> list[Row]:
     return out
 
 
-def mpt_rows() -> list[Row]:
-    """MosaicML's MPT tokens per second per GPU on eight A100 80GB under FSDP (benchmarks/published_mpt.py; no fit
-    uses them)."""
+def mpt_rows(rows: tuple[MptRow, ...] = MPT_A100, source: str = MPT_SOURCE) -> list[Row]:
+    """MosaicML's MPT tokens per second per GPU on A100 under FSDP (benchmarks/published_mpt.py; no fit uses them)."""
     out = []
-    for r in MPT_A100:
+    for r in rows:
         step = predict(mpt_plan(r)).step_time_s
         ckpt = ", checkpointed" if r.checkpointing else ""
-        what = f"MPT-{r.model} seq {r.seq:,}, 8 A100, micro-batch {r.microbatch}{ckpt}: tokens/s per GPU"
-        out.append(_row(what, r.tokens_per_gpu, mpt_tokens_per_gpu(r, step), MPT_SOURCE))
+        part = "A100 40GB" if r.accelerator == "a100-sxm4-40gb" else "A100"
+        what = f"MPT-{r.model} seq {r.seq:,}, {r.gpus} {part}, micro-batch {r.microbatch}{ckpt}: tokens/s per GPU"
+        out.append(_row(what, r.tokens_per_gpu, mpt_tokens_per_gpu(r, step), source))
     return out
+
+
+def mpt_40gb_rows() -> list[Row]:
+    return mpt_rows(MPT_A100_40GB, SOURCE_40GB)
 
 
 def _tokens_per_gpu_row(
@@ -187,6 +191,7 @@ TABLES: dict[str, Callable[[], list[Row]]] = {
     "dgxc-h100-moe": grok_rows,
     "dgxc-h100-nemotron": nemotron_rows,
     "mpt-a100": mpt_rows,
+    "mpt-a100-40gb": mpt_40gb_rows,
 }
 
 

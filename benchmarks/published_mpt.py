@@ -1,25 +1,29 @@
-"""MosaicML's MPT throughput table on A100 80GB (mosaicml/llm-foundry scripts/train/benchmarking/README.md, the
-"A100 80GB with 1600 Gbps node-node interconnect (RoCE)" table as re-run in b2a43a1, 2023-10-19): a validation table
-the twin was not built or fitted on. Eight GPUs of one node, FSDP FULL_SHARD over all eight, models from 125M to 30B
-parameters, sequences from 512 to 65,536 tokens, bf16, with and without activation checkpointing. The A100 has no
-fitted constant, so every row is a prediction from kernel-level figures alone.
+"""MosaicML's MPT throughput tables on A100 (mosaicml/llm-foundry scripts/train/benchmarking/README.md): validation
+tables the twin was not built or fitted on, and the A100 has no fitted constant, so every row is a prediction from
+kernel-level figures alone. FSDP FULL_SHARD over every GPU, no tensor or pipeline parallelism, models from 125M to
+70B parameters, sequences from 512 to 65,536 tokens, bf16, with and without activation checkpointing.
 
-Settings, from the release (the stack llm-foundry-0.3 says where each comes from):
+- `MPT_A100`: "A100 80GB with 1600 Gbps node-node interconnect (RoCE)" as re-run in b2a43a1 (2023-10-19): eight
+  GPUs of one node, Composer 0.16's DEFAULT mixed precision (fp32 gradient reduce-scatters).
+- `MPT_A100_40GB`: "A100 40GB with 1600 Gbps ..." (9fa3ceb9a, 2023-04-04): 8 to 128 GPUs, torch 1.13.1, Composer
+  0.13.3 with PURE mixed precision (bf16 reduce-scatters), flash-attn 0.2.8's Triton kernel.
+
+Settings, from the releases (the stack llm-foundry-0.3 says where each comes from; the April runs differ from it in
+the gradient dtype and the library versions, not in the kernels):
 
 - The published micro-batch size, gradient accumulation and activation checkpointing of each row; global batch =
-  8 x micro-batch x accumulation (submit_benchmarks.py; the GradAccum column).
+  GPUs x micro-batch x accumulation (submit_benchmarks.py; the GradAccum column).
 - MPT (llm-foundry v0.3.0 scripts/train/yamls/pretrain/mpt-*.yaml): expansion ratio 4, vocabulary 50,368, tied
   embeddings, biases, learned positional embeddings; head width 128 from 760M up, 64 below.
-- The Triton FlashAttention the tables ran (attn_impl triton) is priced from the FlashAttention-2 paper's figure of
-  it on A100 (topologies/accelerators/a100-sxm4-80gb.yaml, `triton`), held at its 16k value beyond.
+- The Triton FlashAttention both ran (attn_impl triton) is priced from the FlashAttention-2 paper's figure of it on
+  A100 80GB (topologies/accelerators/a100-sxm4-80gb.yaml, `triton`; a100-sxm4-40gb borrows it), held at its 16k
+  value beyond.
 - Published: tokens per second per GPU (the T/s/GPU column).
 
-Left out: the two 70B rows (bf16 PURE, from the April 2023 runs on another stack: the commit says they were kept,
-not re-run) and the H100 tables (no published figure of this Triton kernel on H100). Not modelled: FSDP's cast of
-each block's bf16 gradients to fp32 before its reduce-scatter and of its fp32 shard to bf16 before its all-gather
-(per-parameter copies, about 1-2% of a step), Composer's BACKWARD_POST prefetch (a block's backward all-gather
-starts when the block after it is done; the twin prefetches one block ahead), and the learned positional
-embedding's gather and add.
+Left out: the October table's two 70B rows (kept from April on another stack, the commit says) and the H100 tables
+(no published figure of this Triton kernel on H100). Not modelled: FSDP's per-parameter casts (each block's bf16
+gradients to fp32 before an fp32 reduce-scatter, its fp32 shard to bf16 before the gather; about 1-2% of a step)
+and the learned positional embedding's gather and add.
 
 Run as part of benchmarks/published_figures.py.
 """
@@ -28,11 +32,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from benchmarks.published import _cluster, _gpt, _layout
+from benchmarks.published import _gpt, _layout
 from plan.schema import Plan
 from twin import api
 
 SOURCE = "mosaicml/llm-foundry b2a43a1, scripts/train/benchmarking/README.md (A100 80GB table)"
+SOURCE_40GB = "mosaicml/llm-foundry 9fa3ceb9a, scripts/train/benchmarking/README.md (A100 40GB table)"
 
 MPT_SIZES = {  # d_model, n_layers, n_heads (llm-foundry v0.3.0 scripts/train/yamls/pretrain/mpt-*.yaml)
     "125m": (768, 12, 12),
@@ -43,13 +48,14 @@ MPT_SIZES = {  # d_model, n_layers, n_heads (llm-foundry v0.3.0 scripts/train/ya
     "7b": (4096, 32, 32),
     "13b": (5120, 40, 40),
     "30b": (7168, 48, 56),
+    "70b": (8192, 80, 64),
 }
 MPT_VOCAB = 50368
 
 
 @dataclass(frozen=True)
 class MptRow:
-    """One row of the table: a model at a sequence length on 8 GPUs."""
+    """One row of a table: a model at a sequence length on some A100s."""
 
     model: str
     seq: int
@@ -58,10 +64,10 @@ class MptRow:
     checkpointing: bool
     tokens_per_gpu: float
     """Published tokens per second per GPU."""
-
-    @property
-    def gpus(self) -> int:
-        return 8
+    gpus: int = 8
+    accelerator: str = "a100-sxm4-80gb"
+    grad_reduce_dtype: str = "fp32"
+    """Composer's DEFAULT reduces gradients in fp32 (0.16); PURE, which the April 2023 runs used, in bf16."""
 
     @property
     def batch(self) -> int:
@@ -70,6 +76,12 @@ class MptRow:
 
 def _rows(model: str, *rows: tuple[int, int, int, bool, float]) -> tuple[MptRow, ...]:
     return tuple(MptRow(model, seq, mb, ga, ckpt, tps) for seq, mb, ga, ckpt, tps in rows)
+
+
+def _rows_40gb(model: str, *rows: tuple[int, int, int, int, bool, float]) -> tuple[MptRow, ...]:
+    return tuple(
+        MptRow(model, seq, mb, ga, ckpt, tps, gpus, "a100-sxm4-40gb", "bf16") for seq, gpus, mb, ga, ckpt, tps in rows
+    )
 
 
 # (sequence, micro-batch, accumulation, activation checkpointing, tokens/s/GPU), as the table prints them
@@ -99,19 +111,63 @@ MPT_A100 = (
 )  # fmt: skip
 
 
+# The April 2023 "A100 40GB with 1600 Gbps node-node interconnect (RoCE)" table (llm-foundry 9fa3ceb9a, 2023-04-04;
+# torch 1.13.1, Composer 0.13.3, flash-attn 0.2.8's Triton kernel, precision bf16 with PURE mixed precision: bf16
+# gathers and bf16 reduce-scatters): (sequence, GPUs, micro-batch, accumulation, checkpointing, tokens/s/GPU)
+MPT_A100_40GB = (
+    _rows_40gb("70b", (2048, 128, 4, 1, True, 376), (2048, 64, 2, 1, True, 276))
+    + _rows_40gb("30b", (2048, 128, 6, 1, True, 865), (2048, 32, 4, 1, True, 857))
+    + _rows_40gb("13b", (8192, 8, 1, 16, True, 1407), (4096, 8, 2, 16, True, 1603), (2048, 128, 16, 1, True, 1972),
+                 (2048, 64, 16, 1, True, 1976), (2048, 32, 14, 1, True, 1998), (2048, 16, 10, 1, True, 1993),
+                 (2048, 8, 4, 16, True, 1668), (1024, 8, 8, 16, True, 1727), (512, 8, 16, 16, True, 1763))
+    + _rows_40gb("7b", (16384, 8, 1, 4, True, 2249), (8192, 8, 3, 4, True, 2887), (4096, 8, 6, 4, True, 3366),
+                 (2048, 128, 18, 1, True, 3623), (2048, 64, 18, 1, True, 3665), (2048, 32, 18, 1, True, 3725),
+                 (2048, 16, 16, 1, True, 3645), (2048, 8, 12, 4, True, 3679), (1024, 8, 24, 4, True, 3854),
+                 (512, 8, 48, 4, True, 3895))
+    + _rows_40gb("3b", (32768, 8, 1, 4, True, 2955), (16384, 8, 2, 8, True, 4465), (8192, 8, 1, 8, False, 7149),
+                 (4096, 8, 2, 8, False, 8777), (2048, 128, 6, 1, False, 9538), (2048, 64, 6, 1, False, 9736),
+                 (2048, 32, 6, 1, False, 9914), (2048, 16, 5, 1, False, 9750), (2048, 8, 5, 8, False, 10065),
+                 (1024, 8, 10, 8, False, 10731), (512, 8, 20, 8, False, 11324))
+    + _rows_40gb("1b", (32768, 8, 1, 4, True, 5095), (16384, 8, 1, 8, False, 9715), (8192, 8, 2, 8, False, 13474),
+                 (4096, 8, 4, 8, False, 16856), (2048, 128, 10, 1, False, 18647), (2048, 64, 10, 1, False, 19001),
+                 (2048, 32, 10, 1, False, 15555), (2048, 16, 8, 1, False, 19085), (2048, 8, 8, 8, False, 19271),
+                 (1024, 8, 16, 8, False, 20959), (512, 8, 32, 8, False, 21782))
+    + _rows_40gb("760m", (32768, 8, 1, 4, True, 7183), (16384, 8, 1, 4, False, 13914), (8192, 8, 3, 4, False, 20106),
+                 (4096, 8, 6, 4, False, 25863), (2048, 128, 12, 1, False, 28940), (2048, 64, 12, 1, False, 29344),
+                 (2048, 32, 12, 1, False, 29648), (2048, 16, 12, 1, False, 29607), (2048, 8, 12, 4, False, 30173),
+                 (1024, 8, 24, 4, False, 33422), (512, 8, 48, 4, False, 34938))
+    + _rows_40gb("350m", (32768, 8, 1, 4, False, 13416), (16384, 8, 2, 4, False, 22896), (8192, 8, 4, 4, False, 34933),
+                 (4096, 8, 8, 4, False, 46833), (2048, 128, 18, 1, False, 51934), (2048, 64, 18, 1, False, 52689),
+                 (2048, 32, 18, 1, False, 53811), (2048, 16, 18, 1, False, 55413), (2048, 8, 16, 4, False, 55995),
+                 (1024, 8, 32, 4, False, 62523), (512, 8, 64, 4, False, 66284))
+    + _rows_40gb("125m", (32768, 8, 1, 4, False, 32651), (16384, 8, 2, 3, False, 55484), (8192, 8, 5, 3, False, 86858),
+                 (4096, 8, 13, 3, False, 115162), (2048, 128, 26, 1, False, 123936), (2048, 64, 26, 1, False, 125234),
+                 (2048, 32, 26, 1, False, 127122), (2048, 16, 26, 1, False, 130535), (2048, 8, 26, 3, False, 136334),
+                 (1024, 8, 52, 3, False, 148289), (512, 8, 104, 3, False, 156735))
+)  # fmt: skip
+
+
 def mpt_plan(row: MptRow) -> Plan:
-    """The row on one DGX A100 node's eight GPUs: FSDP FULL_SHARD over them (ZeRO-3), no tensor or pipeline
-    parallelism, full recompute where the row checkpoints activations."""
+    """The row on DGX A100 nodes of eight GPUs (the 40GB part where the row ran on it): FSDP FULL_SHARD over every
+    GPU (ZeRO-3), no tensor or pipeline parallelism, full recompute where the row checkpoints activations."""
     d, layers, heads = MPT_SIZES[row.model]
     recompute = "full" if row.checkpointing else "none"
     return api.load_plan(
         {
             "name": f"mpt-{row.model}-{row.seq}",
             "model": _gpt(layers, d, heads, MPT_VOCAB, row.seq, tied=True),
-            "cluster": _cluster("dgx-a100-superpod", row.gpus, 8),
+            "cluster": {
+                "name": "dgx-a100-superpod",
+                "overrides": {"nodes": -(-row.gpus // 8), "accelerator": row.accelerator},
+            },
             "stack": "llm-foundry-0.3",
             "layout": _layout(1, 1, row.gpus, row.microbatch, 1, zero=3, recompute=recompute),
-            "training": {"global_batch": row.batch, "tokens": 1e11, "dtype": "bf16"},
+            "training": {
+                "global_batch": row.batch,
+                "tokens": 1e11,
+                "dtype": "bf16",
+                "grad_reduce_dtype": row.grad_reduce_dtype,
+            },
         }
     )
 

@@ -9,7 +9,7 @@ from plan.model_math import param_count
 from plan.stacks import load_stack
 from twin.step.comm_costs import dp_costs
 from twin.step.context import step_context
-from twin.step.memory import activation_bytes, layer_params, rank_state_bytes
+from twin.step.memory import activation_bytes, layer_params, logits_bytes, rank_state_bytes, transient_bytes
 from twin.step.predict import DEFAULT_OPTIONS, predict
 
 
@@ -165,3 +165,16 @@ def test_experts_are_split_over_tp_only_where_the_stack_splits_them() -> None:
     assert e.moe_ffn_hidden is not None
     expert = 3 * e.hidden * e.moe_ffn_hidden  # SwiGLU: gate, up, down
     assert held.expert == pytest.approx(e.experts * expert / whole.layout.ep)
+
+
+@pytest.mark.parametrize("stack,width", [("megatron-core-0.8", 4), ("nemo-24.12", 4), ("llm-foundry-0.3", 2)])
+def test_the_last_stage_holds_its_logits_as_wide_as_its_loss_keeps_them(stack: str, width: int) -> None:
+    """The logits and their gradient are the last stage's largest short-lived allocation: in fp32 where the stack's
+    loss upcasts them (Megatron's vocab-parallel cross-entropy), in 16 bits under a fused cross-entropy that reads
+    the bf16 logits (flash-attn's xentropy, llm-foundry)."""
+    plan = loader.load("gpt-1b-h100", [f"stack={stack}", "layout.pp=1", "layout.zero=1", "layout.recompute=none"])
+    st = loader.plan_stack(plan)
+    assert logits_bytes(st) == width
+    m, lay = plan.model, plan.layout
+    logits = 2 * lay.microbatch_size * m.seq_len * m.vocab / lay.tp * width
+    assert transient_bytes(plan, st, [0], last=True) == max(logits, transient_bytes(plan, st, [0], last=False))

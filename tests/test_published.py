@@ -14,6 +14,7 @@ import math
 import pytest
 
 from benchmarks.published_figures import TABLES, Row, summary
+from benchmarks.published_mpt import MPT_A100, MPT_A100_40GB, mpt_plan
 from plan import loader
 from plan.model_math import model_flops_per_token, recompute_flops_per_token
 from twin import api
@@ -45,6 +46,11 @@ BOUNDS = {  # table: (mean |error|, worst |error|)
     # stops at 16k, where it runs 80 TFLOP/s; these rows imply 90-100), and 760M at 512-1,024 tokens (+22%, +31%)
     # and 125M (+7% to +11%) fast where the published rows lose what the twin does not see (README, Fidelity)
     "mpt-a100": (0.10, 0.32),
+    # the April 2023 A100 40GB table, 8 to 128 GPUs: within 4% on the 7B-30B rows at 2,048 tokens from 16 to 128
+    # GPUs, but 70B on 64 GPUs +37% (the published row is 27% below the 128-GPU one per GPU; the twin sees 5%), 1B on
+    # 32 GPUs +26% (its neighbours at 16 and 64 GPUs are within 3%), 125M across nodes +11% to +15%, long sequences
+    # slow as on the 80GB table (README, Fidelity)
+    "mpt-a100-40gb": (0.07, 0.38),
 }
 LLAMA3_MFU_POINTS = {8192: 0.03, 131072: 0.05}
 """Llama 3 Table 4 prints MFU to whole points; the target is 2 points and the rounding. The 8,192-GPU row misses it
@@ -119,6 +125,19 @@ def test_llama3_405b_fits_without_recompute_and_utilisation_is_ordered() -> None
     ratio = (model_flops_per_token(m) + recompute_flops_per_token(m, "full")) / model_flops_per_token(m)
     assert full.hfu == pytest.approx(full.mfu * ratio, rel=1e-9)
     assert full.mfu < result.mfu  # recompute costs time and buys nothing the MFU counts
+
+
+def test_every_mpt_row_fits_as_it_ran() -> None:
+    """MosaicML ran every row of both A100 tables, so each must fit in the memory model. The closest are the 760M and
+    350M rows without checkpointing, whose largest transient is the logits under flash-attn's fused cross-entropy:
+    16-bit logits and gradient (counted in fp32, 30 rows did not fit). The fullest, 30B at 8k and 3B at 8k on the
+    80GB part, come to 96% of what the model allows."""
+    worst = 0.0
+    for row in MPT_A100 + MPT_A100_40GB:
+        memory = predict(mpt_plan(row)).memory
+        assert memory.fits, (row, memory.reason)
+        worst = max(worst, memory.peak / memory.capacity)
+    assert worst > 0.9  # the table's micro-batches were chosen near the memory limit; the model sees that too
 
 
 @pytest.mark.consistency

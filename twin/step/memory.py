@@ -180,13 +180,20 @@ def rank_state_bytes(
     return param_bytes * shard(3), grad_bytes * shard(2), opt * shard(1)
 
 
+def logits_bytes(stack: Stack) -> int:
+    """Bytes per logit the stack's loss holds at once: 4 where a loss kernel reads or writes them in fp32 (2 units of
+    16 bits, plan.stack.TENSORS), 2 where it works on the 16-bit logits themselves (a fused cross-entropy)."""
+    widths = [n for k in stack.head_kernels for n in (k.reads.get("logits", 0), k.writes.get("logits", 0))]
+    return 4 if max(widths, default=2) >= 2 else 2
+
+
 def transient_bytes(plan: Plan, stack: Stack, stages: Sequence[int], last: bool) -> float:
     """The largest short-lived allocation on this rank."""
     m, lay = plan.model, plan.layout
     tokens = lay.microbatch_size * m.seq_len // lay.cp
     candidates = [0.0]
-    if last:  # fp32 logits and their gradient for one microbatch
-        candidates.append(2 * tokens * m.vocab / lay.tp * 4)
+    if last:  # the logits and their gradient for one microbatch, as wide as the stack's loss keeps them
+        candidates.append(2 * tokens * m.vocab / lay.tp * logits_bytes(stack))
     if 0 in stages:  # the embedding's dense gradient of the rank's vocabulary shard (kernels.embedding_cost)
         candidates.append(m.vocab / lay.tp * m.hidden * act_bytes(plan.training.dtype))
     if lay.recompute == "full":  # one layer rebuilt in full during its backward
