@@ -5,8 +5,10 @@ kernel-level figures alone. FSDP FULL_SHARD over every GPU, no tensor or pipelin
 
 - `MPT_A100`: "A100 80GB with 1600 Gbps node-node interconnect (RoCE)" as re-run in b2a43a1 (2023-10-19): eight
   GPUs of one node, Composer 0.16's DEFAULT mixed precision (fp32 gradient reduce-scatters).
-- `MPT_A100_40GB`: "A100 40GB with 1600 Gbps ..." (9fa3ceb9a, 2023-04-04): 8 to 128 GPUs, torch 1.13.1, Composer
-  0.13.3 with PURE mixed precision (bf16 reduce-scatters), flash-attn 0.2.8's Triton kernel.
+- `MPT_A100_40GB`: "A100 40GB with 1600 Gbps ..." (9fa3ceb9a, 2023-04-04): 8 to 128 GPUs, torch 1.13.1, PURE
+  mixed precision (bf16 reduce-scatters), flash-attn 0.2.8's Triton kernel. The Composer pin (0.13.3) landed the
+  same day as the table, and the table's precision `bf16` is not a valid value in 0.12-0.13.3, so which Composer
+  ran is not certain.
 
 Settings, from the releases (the stack llm-foundry-0.3 says where each comes from; the April runs differ from it in
 the gradient dtype and the library versions, not in the kernels):
@@ -112,8 +114,8 @@ MPT_A100 = (
 
 
 # The April 2023 "A100 40GB with 1600 Gbps node-node interconnect (RoCE)" table (llm-foundry 9fa3ceb9a, 2023-04-04;
-# torch 1.13.1, Composer 0.13.3, flash-attn 0.2.8's Triton kernel, precision bf16 with PURE mixed precision: bf16
-# gathers and bf16 reduce-scatters): (sequence, GPUs, micro-batch, accumulation, checkpointing, tokens/s/GPU)
+# torch 1.13.1, flash-attn 0.2.8's Triton kernel, precision bf16 with PURE mixed precision: bf16 gathers and bf16
+# reduce-scatters): (sequence, GPUs, micro-batch, accumulation, checkpointing, tokens/s/GPU)
 MPT_A100_40GB = (
     _rows_40gb("70b", (2048, 128, 4, 1, True, 376), (2048, 64, 2, 1, True, 276))
     + _rows_40gb("30b", (2048, 128, 6, 1, True, 865), (2048, 32, 4, 1, True, 857))
