@@ -13,8 +13,8 @@ from plan import loader
 from twin import api
 from twin.cli.app import app
 from twin.step.comm_costs import layer_comm, overlapped, tp_comm, zero3_layer_exposed
-from twin.step.context import shape_of, step_context
-from twin.step.kernels import embedding_cost, layer_cost, sm_margin
+from twin.step.context import StepContext, shape_of, step_context
+from twin.step.kernels import PassCost, embedding_cost, layer_cost, sm_margin
 from twin.step.memory import layer_params
 from twin.step.predict import PredictOptions, predict, straggler_factor
 
@@ -243,7 +243,7 @@ def test_the_embeddings_backward_moves_its_whole_vocabulary_shards_dense_gradien
     assert grown == pytest.approx(dense / dev.elementwise_Bps)
 
 
-def _userbuffers_ctx(overrides: list[str]):  # type: ignore[no-untyped-def]
+def _userbuffers_ctx(overrides: list[str]) -> tuple[StepContext, PassCost]:
     plan = loader.load(
         "gpt-1b-h100",
         ["cluster=dgx-h100-superpod", "stack=nemo-24.12", "layout.tp=8", "layout.pp=1", "layout.dp=1",

@@ -163,7 +163,7 @@ def zero3_layer_exposed(ctx: StepContext, layer: int, cost: PassCost) -> tuple[f
     (Stack.fsdp_backward_prefetch) the backward's gather starts only when the layer after it is done, and shows
     whole."""
     p = layer_params(ctx.plan, layer)
-    dp, edp = ctx.span("dp", "cp"), ctx.span("edp", "cp")  # every rank of the weights, and of the experts
+    dp, edp = ctx.replica_spans()
     w, g = ctx.param_bytes, ctx.grad_bytes
     gather = ctx.time("all_gather", w * p.dense, dp) + ctx.time("all_gather", w * p.expert, edp)
     scatter = ctx.time("reduce_scatter", g * p.dense, dp) + ctx.time("reduce_scatter", g * p.expert, edp)
@@ -203,7 +203,7 @@ def dp_costs(ctx: StepContext) -> tuple[dict[int, float], dict[int, float], floa
     gather_s: dict[int, float] = {}
     if lay.weight_replicas == 1 or (lay.zero == 3 and lay.pp == 1):
         return reduce_s, gather_s, 0.0
-    dp, edp = ctx.span("dp", "cp"), ctx.span("edp", "cp")  # every rank of the weights (Layout.weight_replicas)
+    dp, edp = ctx.replica_spans()
     op = "all_reduce" if lay.zero == 0 else "reduce_scatter"
     param_gather = 0.0
     g, w = ctx.grad_bytes, ctx.param_bytes

@@ -102,6 +102,11 @@ class StepContext:
     def span(self, *axes: str) -> GroupSpan:
         return self.fabric.group_span(self.grid, axes)
 
+    def replica_spans(self) -> tuple[GroupSpan, GroupSpan]:
+        """The ranks that hold the same dense weights (dp · cp, Layout.weight_replicas) and the same routed experts
+        ((dp / ep) · cp, Layout.expert_replicas): the groups gradients reduce and ZeRO shards over."""
+        return self.span("dp", "cp"), self.span("edp", "cp")
+
     def time(self, op: str, nbytes: float, span: GroupSpan) -> float:
         if self.options.free_comm:
             return 0.0

@@ -181,10 +181,11 @@ def rank_state_bytes(
 
 
 def logits_bytes(stack: Stack) -> int:
-    """Bytes per logit the stack's loss holds at once: 4 where a loss kernel reads or writes them in fp32 (2 units of
-    16 bits, plan.stack.TENSORS), 2 where it works on the 16-bit logits themselves (a fused cross-entropy)."""
-    widths = [n for k in stack.head_kernels for n in (k.reads.get("logits", 0), k.writes.get("logits", 0))]
-    return 4 if max(widths, default=2) >= 2 else 2
+    """Bytes per logit the stack's loss holds at once: 2 where every loss kernel works on the 16-bit logits
+    themselves (a fused cross-entropy: one unit, plan.stack.TENSORS), else 4 (fp32, two units; also where the stack
+    lists no loss kernel)."""
+    units = [n for k in stack.head_kernels for n in (k.reads.get("logits", 0), k.writes.get("logits", 0)) if n]
+    return 2 if units and max(units) < 2 else 4
 
 
 def transient_bytes(plan: Plan, stack: Stack, stages: Sequence[int], last: bool) -> float:
