@@ -57,7 +57,12 @@ class Accelerator(Sourced):
     """Streaming multiprocessors (count): a GEMM runs in waves of one output tile per SM, which sets its
     quantization loss; unset for devices priced by a measured GEMM curve instead (CPU hosts)."""
     hbm_GB: PositiveFloat
-    """Device memory (1e9 bytes)."""
+    """Device memory (1e9 bytes), as the datasheet prints it."""
+    device_memory_GiB: PositiveFloat | None = None
+    """Device memory one process can allocate into, as the CUDA driver reports it (GiB: the "total capacity" of
+    PyTorch's out-of-memory message, `torch.cuda.get_device_properties(d).total_memory`). A datasheet's "80 GB"
+    H100 reports 79.1 GiB, not the 74.5 GiB that 80e9 bytes are. The memory model fits a rank into this. Unset:
+    `hbm_GB` read as 1e9 bytes, the cautious reading for parts with no driver-reported figure."""
     hbm_bandwidth_GBps: PositiveFloat
     """Device memory bandwidth (1e9 bytes/s)."""
     cache_bandwidth_GBps: PositiveFloat | None = None
@@ -66,6 +71,11 @@ class Accelerator(Sourced):
     `elementwise_bandwidth_fraction` of this instead of HBM's (1e9 bytes/s). Unset: HBM."""
     tdp_W: PositiveFloat
     """Board power at full load (watts)."""
+
+    @property
+    def memory_bytes(self) -> float:
+        """Bytes one process can allocate into (`device_memory_GiB`, else `hbm_GB` read as 1e9 bytes)."""
+        return self.device_memory_GiB * 2**30 if self.device_memory_GiB else self.hbm_GB * 1e9
 
     @field_validator("peak_tflops")
     @classmethod

@@ -58,6 +58,7 @@ class WhatIf:
 def apply_what_if(data: dict[str, Any], overrides: Mapping[str, Any], origin: str) -> tuple[dict[str, Any], WhatIf]:
     """A copy of a cluster file's contents with `overrides` applied; PlanError names a path that does not exist."""
     out = copy.deepcopy(data)
+    base = data  # the chip as loaded, or as a later `accelerator: NAME` swapped it in
     paths: list[str] = []
     derived: dict[str, str] = {}
     for path, value in overrides.items():
@@ -68,6 +69,7 @@ def apply_what_if(data: dict[str, Any], overrides: Mapping[str, Any], origin: st
             # another chip by catalogue name: its kernel-level efficiencies come with it (the file's belong to its
             # own chip); later compute.* overrides still apply on top
             out = expand_accelerator({k: v for k, v in out.items() if k != "compute"} | {"accelerator": value}, origin)
+            base = copy.deepcopy(out)
             paths.append("accelerator")
             derived["compute"] = f"the {value} catalogue entry's kernel-level efficiencies, with the chip"
             continue
@@ -80,7 +82,24 @@ def apply_what_if(data: dict[str, Any], overrides: Mapping[str, Any], origin: st
         if key not in paths and isinstance(nodes, int) and nodes > int(tiers[last].get("span_nodes", 0)):
             tiers[last]["span_nodes"] = nodes
             derived[key] = f"grown with nodes to {nodes}"
+    _scale_device_memory(base, out, paths, derived)
     return out, WhatIf(tuple(dict.fromkeys(paths)), derived)
+
+
+def _scale_device_memory(
+    before: dict[str, Any], out: dict[str, Any], paths: list[str], derived: dict[str, str]
+) -> None:
+    """A what-if on the datasheet's memory (`accelerator.hbm_GB`) moves what CUDA reports by the same ratio, unless
+    the same what-if sets `device_memory_GiB` itself: the memory model fits into the latter."""
+    key = "accelerator.device_memory_GiB"
+    old, new = (before.get("accelerator"), out.get("accelerator"))
+    if "accelerator.hbm_GB" not in paths or key in paths or not isinstance(old, dict) or not isinstance(new, dict):
+        return
+    reported, was, now = new.get("device_memory_GiB"), old.get("hbm_GB"), new.get("hbm_GB")
+    numbers = all(isinstance(x, int | float) and not isinstance(x, bool) for x in (reported, was, now))
+    if numbers and was and reported and was != now:
+        new["device_memory_GiB"] = reported * now / was
+        derived[key] = f"scaled with hbm_GB {was} -> {now} to {new['device_memory_GiB']:.2f}"
 
 
 def _set(node: Any, parts: list[str], value: Any, done: list[str], origin: str, written: str) -> list[str]:

@@ -131,14 +131,14 @@ def test_llama3_405b_fits_without_recompute_and_utilisation_is_ordered() -> None
 def test_every_mpt_row_fits_as_it_ran() -> None:
     """MosaicML ran every row of both A100 tables, so each must fit in the memory model. The closest are the 760M and
     350M rows without checkpointing, whose largest transient is the logits under flash-attn's fused cross-entropy:
-    16-bit logits and gradient (counted in fp32, 30 rows did not fit). The fullest, 30B at 8k and 3B at 8k on the
-    80GB part, come to 96% of what the model allows."""
+    16-bit logits and gradient (counted in fp32, 30 rows did not fit). The fullest, 3B at 8k on the 80GB part and
+    1B and 350M on 16-64 A100 40GB, come to 89-90% of what CUDA reports (96% when 80 GB was read as 80e9 bytes)."""
     worst = 0.0
     for row in MPT_A100 + MPT_A100_40GB:
         memory = predict(mpt_plan(row)).memory
         assert memory.fits, (row, memory.reason)
         worst = max(worst, memory.peak / memory.capacity)
-    assert worst > 0.9  # the table's micro-batches were chosen near the memory limit; the model sees that too
+    assert worst > 0.85  # the table's micro-batches were chosen near the memory limit; the model sees that too
 
 
 @pytest.mark.consistency

@@ -10,6 +10,7 @@ from typer.testing import CliRunner
 
 from benchmarks.published import NARAYANAN_TABLE_1, narayanan_plan
 from plan import loader
+from plan.clusters import load_cluster_what_if
 from plan.loader import PlanError
 from twin import api
 from twin.cli.app import app
@@ -137,3 +138,21 @@ def test_another_chip_by_name_brings_its_own_efficiencies() -> None:
     assert slower.step_time_s > 1.5 * api.predict(plan).step_time_s  # 312 against 989 dense bf16 TFLOP/s
     with pytest.raises(PlanError, match="unknown accelerator 'b300'; one of a100-sxm4-40gb, a100-sxm4-80gb"):
         api.load_cluster("dgx-h100-superpod", ["accelerator=b300"])
+
+
+def test_more_datasheet_memory_moves_what_cuda_reports_by_the_same_ratio() -> None:
+    """The memory model fits into what CUDA reports (79.11 GiB of an "80 GB" H100), so a what-if on the datasheet's
+    hbm_GB scales that figure, unless the same what-if sets device_memory_GiB itself; after a chip swap the ratio is
+    the new chip's."""
+    h100 = api.load_cluster("dgx-h100-superpod").accelerator
+    assert h100.memory_bytes == 79.11 * 2**30 > h100.hbm_GB * 1e9
+    bigger, what_if = load_cluster_what_if("dgx-h100-superpod", {"accelerator.hbm_GB": 96})
+    assert bigger.accelerator.memory_bytes == pytest.approx(79.11 * 96 / 80 * 2**30)
+    assert "accelerator.device_memory_GiB" in what_if.derived
+    given = api.load_cluster("dgx-h100-superpod", {"accelerator.hbm_GB": 96, "accelerator.device_memory_GiB": 90})
+    assert given.accelerator.memory_bytes == 90 * 2**30
+    swapped = api.load_cluster("dgx-h100-superpod", ["accelerator=a100-sxm4-40gb", "accelerator.hbm_GB=80"])
+    assert swapped.accelerator.memory_bytes == pytest.approx(79.0 * 2**30)  # 39.5 GiB x 80 / 40
+    plan = loader.load("gpt-1b-h100")
+    capacity = predict(loader.load("gpt-1b-h100", ["cluster.accelerator.hbm_GB=40"])).memory.capacity
+    assert capacity == pytest.approx(predict(plan).memory.capacity / 2)

@@ -220,7 +220,7 @@ def rank_breakdowns(
     caller)."""
     lay = plan.layout
     dense_act, _ = activation_bytes(plan, stack, moe=False)
-    capacity = cluster.accelerator.hbm_GB * 1e9
+    capacity = cluster.accelerator.memory_bytes
     out = []
     for rank, stages in enumerate(rank_stages(lay.schedule, lay.pp, lay.num_stages)):
         weights, grads, optim = rank_state_bytes(plan, stages, grad_bytes, weight_bytes(plan, stack))
