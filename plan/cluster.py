@@ -59,10 +59,8 @@ class Accelerator(Sourced):
     hbm_GB: PositiveFloat
     """Device memory (1e9 bytes), as the datasheet prints it."""
     device_memory_GiB: PositiveFloat | None = None
-    """Device memory one process can allocate into, as the CUDA driver reports it (GiB: the "total capacity" of
-    PyTorch's out-of-memory message, `torch.cuda.get_device_properties(d).total_memory`). A datasheet's "80 GB"
-    H100 reports 79.1 GiB, not the 74.5 GiB that 80e9 bytes are. The memory model fits a rank into this. Unset:
-    `hbm_GB` read as 1e9 bytes, the cautious reading for parts with no driver-reported figure."""
+    """Memory one process can allocate, as CUDA reports it (GiB; PyTorch's "total capacity"): an "80 GB" H100 has
+    79.1 GiB, not the 74.5 that 80e9 bytes are. The memory model fits into this; unset, hbm_GB as 1e9 bytes."""
     hbm_bandwidth_GBps: PositiveFloat
     """Device memory bandwidth (1e9 bytes/s)."""
     cache_bandwidth_GBps: PositiveFloat | None = None
@@ -120,10 +118,17 @@ class ComputeEfficiency(Sourced):
     """How close real kernels come to the accelerator's peak."""
 
     gemm_peak_fraction: dict[str, PositiveFloat]
-    """Fraction of peak FLOP/s a full wave of a transformer-sized GEMM reaches, per dtype (0-1]."""
+    """Fraction of peak FLOP/s a full wave of a transformer-sized GEMM reaches, per dtype (0-1]; the best shape's
+    with gemm_fixed_us."""
     fp8_block_gemm_fraction: float | None = Field(default=None, gt=0, le=1)
     """Fraction of the fp8 peak a block-scaled fp8 GEMM reaches (DeepSeek-V3's 1x128 and 128x128 scaling factors,
     applied on the CUDA cores: DeepGEMM); unset: the per-tensor fp8 fraction of gemm_peak_fraction."""
+    gemm_fixed_us: PositiveFloat | None = None
+    """Fixed cost of one GEMM (the first wave's ramp, the last's tail) from a fit to a measured table by shape
+    (benchmarks/fit_gemm_table.py): set, a GEMM takes max(FLOPs at gemm_peak_fraction, bytes at gemm_bandwidth_GBps)
+    plus this, no waves (cuBLAS picks its tile per shape); unset, one tile's waves plus kernel_overhead_us (us)."""
+    gemm_bandwidth_GBps: PositiveFloat | None = None
+    """Bandwidth of a GEMM's operands and product from the same fit (1e9 bytes/s); unset: HBM's, as memory-bound."""
     gemm_half_gflop: PositiveFloat | None = None
     """Without an SM count (CPU hosts): GEMM size at which it reaches half of that fraction (GFLOP), a measured
     saturating curve."""

@@ -157,12 +157,17 @@ def test_a_rank_with_several_experts_sorts_their_tokens_and_concatenates_their_o
 
 def test_an_fp8_gemm_reads_one_byte_operands_and_writes_a_16_bit_product() -> None:
     """The roofline of a skinny (memory-bound) fp8 GEMM: fp8 operands, the product written in bf16 (Transformer
-    Engine 1.x), plus the per-kernel cost."""
+    Engine 1.x), plus the fixed cost per GEMM — at the H100's fitted GEMM bandwidth and fixed cost, and on an A100
+    (no fitted table) at the memory-bound kernels' bandwidth plus the per-kernel cost."""
     cluster = loader.load_cluster("dgx-h100-superpod")
     fp8, bf16 = Device.of(cluster, "fp8", 8), Device.of(cluster, "bf16", 8)
     m, n, k = 16, 8192, 8192
-    assert fp8.gemm_s(m, n, k) == pytest.approx((m * k + k * n + 2 * m * n) / fp8.memory_Bps + fp8.kernel_s)
-    assert bf16.gemm_s(m, n, k) == pytest.approx(2 * (m * k + k * n + m * n) / bf16.memory_Bps + bf16.kernel_s)
+    assert fp8.gemm_Bps == cluster.compute.gemm_bandwidth_GBps * 1e9 and fp8.gemm_fixed_s > 0
+    assert fp8.gemm_s(m, n, k) == pytest.approx((m * k + k * n + 2 * m * n) / fp8.gemm_Bps + fp8.gemm_fixed_s)
+    assert bf16.gemm_s(m, n, k) == pytest.approx(2 * (m * k + k * n + m * n) / bf16.gemm_Bps + bf16.gemm_fixed_s)
+    a100 = Device.of(loader.load_cluster("dgx-a100-superpod"), "bf16", 8)
+    assert a100.gemm_fixed_s == 0
+    assert a100.gemm_s(m, n, k) == pytest.approx(2 * (m * k + k * n + m * n) / a100.memory_Bps + a100.kernel_s)
 
 
 def test_block_scaled_fp8_gemms_run_at_their_own_fraction() -> None:

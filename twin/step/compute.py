@@ -87,6 +87,11 @@ class Device:
     """Dense 16-bit peak (FLOP/s), for the GEMMs an fp8 stack keeps in bf16; 0: peak_flops."""
     gemm16_fraction: float = 0.0
     """The 16-bit GEMM fraction beside it; 0: gemm_fraction."""
+    gemm_fixed_s: float = 0.0
+    """Fixed cost of one GEMM from a fit to a measured table by shape (ComputeEfficiency.gemm_fixed_us); 0: the wave
+    model and kernel_s."""
+    gemm_Bps: float = 0.0
+    """Bandwidth of a GEMM's operands and product from the same fit (bytes/s); 0: memory_Bps."""
 
     @classmethod
     def of(
@@ -139,6 +144,8 @@ class Device:
             sharded_s=eff.sharded_kernel_overhead_us * 1e-6 / share if sharded else 0.0,
             layer_s=eff.layer_overhead_us * 1e-6 / share,
             in_training=eff.in_training_fraction,
+            gemm_fixed_s=(eff.gemm_fixed_us or 0.0) * 1e-6,
+            gemm_Bps=(eff.gemm_bandwidth_GBps or 0.0) * 1e9,
         )
 
     def sixteen_bit(self) -> Device:
@@ -182,11 +189,13 @@ class Device:
         flops = 2.0 * m * n * k * batch
         if self.sm_count is None:
             return self.flops_s(flops)
-        compute = flops / (self.gemm_fraction * self.in_training * self.peak_flops * self.wave_efficiency(m, n, batch))
         # fp8 operands, but the product is written in 16 bits (Transformer Engine 1.x's fp8 GEMMs output bf16)
         written = max(self.operand_bytes, ACT_BYTES)
-        memory = ((m * k + k * n) * self.operand_bytes + m * n * written) * batch / self.memory_Bps
-        return max(compute, memory) + self.kernel_s
+        nbytes = ((m * k + k * n) * self.operand_bytes + m * n * written) * batch
+        rate = self.gemm_fraction * self.in_training * self.peak_flops
+        if self.gemm_fixed_s:  # fitted to a measured table by shape: no one tile's waves
+            return max(flops / rate, nbytes / (self.gemm_Bps or self.memory_Bps)) + self.gemm_fixed_s
+        return max(flops / (rate * self.wave_efficiency(m, n, batch)), nbytes / self.memory_Bps) + self.kernel_s
 
     def wave_efficiency(self, m: float, n: float, batch: float = 1) -> float:
         """Share of the SMs busy over a GEMM's waves of output tiles, the better of the tile's two orientations."""
