@@ -20,7 +20,8 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from plan.cluster import AcceleratorFile, Cluster
+from plan.accelerator import AcceleratorFile
+from plan.cluster import Cluster
 from plan.files import PlanError, format_validation_error, read_yaml, resolve_file
 
 TOPOLOGY_DIR = Path(__file__).resolve().parent.parent / "topologies"
@@ -66,6 +67,12 @@ def apply_what_if(data: dict[str, Any], overrides: Mapping[str, Any], origin: st
         if not parts:
             raise PlanError(f"{origin}: overrides: an empty field path; write e.g. nodes: 560")
         if parts == ["accelerator"] and isinstance(value, str):
+            earlier = [p for p in paths if p.split(".")[0] in ("accelerator", "compute")]
+            if earlier:  # the named chip replaces the whole section: those would be silently lost
+                raise PlanError(
+                    f"{origin}: overrides.accelerator: {value!r} replaces the chip after {', '.join(earlier)} "
+                    "changed it; name the chip first, then the fields to change on it"
+                )
             # another chip by catalogue name: its kernel-level efficiencies come with it (the file's belong to its
             # own chip); later compute.* overrides still apply on top
             out = expand_accelerator({k: v for k, v in out.items() if k != "compute"} | {"accelerator": value}, origin)

@@ -9,10 +9,12 @@ import numpy as np
 import pytest
 
 from plan import loader
+from plan.bench import BenchResult, GemmPoint
 from plan.cluster import Cluster
 from plan.rank_grid import RankGrid
 from plan.records import Phases, ProfiledRank, ProfileIndex, RankCoords, RunManifest, StepRecord
 from plan.schema import Plan
+from twin.calibrate.bench_fit import fit_bench
 from twin.calibrate.fit import (
     KNOBS,
     Calibrator,
@@ -23,6 +25,7 @@ from twin.calibrate.fit import (
     with_fields,
 )
 from twin.calibrate.measured import read_measurements
+from twin.step.compute import Device
 from twin.step.predict import predict
 
 TRUE = {  # the knobs twin.calibrate.fit fits, at values far from the catalogue's
@@ -205,3 +208,26 @@ def test_calibrate_rejects_runs_of_another_cluster(synthetic: tuple[Cluster, Clu
     result = CliRunner().invoke(app, ["calibrate", str(synthetic[2][0]), "--cluster", "single-h100"])
     assert result.exit_code == 2
     assert "not 'single-h100'" in result.output
+
+
+def test_a_gpu_bench_fits_the_table_model_the_step_model_prices() -> None:
+    """`twin bench` on a GPU: the GEMM sweep is fitted with the model an accelerator fitted to a measured table uses
+    (fraction, GEMM bandwidth, fixed cost per GEMM), not the CPU's saturating curve, and recovers known constants
+    from times that model generated; the step model then prices a GEMM as the sweep measured it."""
+    cluster = loader.load_cluster("dgx-h100-superpod")
+    truth = {"compute.gemm_peak_fraction.bf16": 0.7, "compute.gemm_bandwidth_GBps": 3000.0, "compute.gemm_fixed_us": 9}
+    true_device = Device.of(with_fields(cluster, {**truth, "compute.in_training_fraction": 1.0}), "bf16", 8)
+    sizes = (256, 1024, 4096)
+    points = [
+        GemmPoint(m=m, n=n, k=k, dtype="bf16", seconds=true_device.gemm_s(m, n, k))
+        for m in sizes
+        for n in sizes
+        for k in sizes
+    ]
+    bench = BenchResult(
+        device="cuda", backend="nccl", world_size=1, host="h", torch_version="x", threads_per_rank=1, gemm=tuple(points)
+    )
+    fitted = fit_bench(bench, cluster)
+    for path, value in truth.items():
+        assert fitted.values[path] == pytest.approx(value, rel=1e-3), path
+    assert "compute.gemm_half_gflop" not in fitted.values and fitted.gemm_rms["bf16"] < 1e-3

@@ -170,12 +170,17 @@ def test_h100_gemm_constants_are_the_fit_of_xlas_table() -> None:
     assert compute.gemm_peak_fraction["bf16"] == pytest.approx(result.fraction, abs=0.001)
     assert compute.gemm_bandwidth_GBps == pytest.approx(result.bandwidth_GBps, rel=0.001)
     assert compute.gemm_fixed_us == pytest.approx(result.fixed_us, abs=0.01)
+    # fp8 has no table by shape: the bf16 fit times ml-engineering's fp8 / bf16 best shapes (1,402.6 / 1,978.9 of
+    # fp8, 794.5 / 989.4 of bf16)
+    assert compute.gemm_peak_fraction["fp8"] == pytest.approx(
+        result.fraction * (1402.6 / 1978.9) / (794.5 / 989.4), abs=0.001
+    )
 
 
 def test_h100_gemms_take_the_time_xla_measured_for_their_shape() -> None:
     """Kernel-level validation: outside a training step (in-training fraction 1) the step model's H100 GEMM takes
     the time XLA measured for every layer-sized shape of its table within 9% (the fit's worst), and keeps the order
-    of the smaller ones: a k = 256 product is several times slower per FLOP than a 4096-cube, as measured."""
+    beyond the fit: 4096 x 4096 x 256 runs at half the 4096-cube's rate per FLOP as measured, the model at 1/1.5."""
     cluster = api.load_cluster("dgx-h100-superpod", ["compute.in_training_fraction=1"])
     device = Device.of(cluster, "bf16", 8)
     table = fit_gemm_table.load_table()
@@ -187,6 +192,5 @@ def test_h100_gemms_take_the_time_xla_measured_for_their_shape() -> None:
         return 2.0 * m * n * k / device.gemm_s(m, n, k)
 
     measured = table.set_index(["b", "m", "n", "k"]).flops_per_s
-    assert rate(4096, 4096, 4096) / rate(4096, 4096, 256) == pytest.approx(
-        measured[(1, 4096, 4096, 4096)] / measured[(1, 4096, 4096, 256)], rel=0.3
-    )
+    slower = measured[(1, 4096, 4096, 4096)] / measured[(1, 4096, 4096, 256)]
+    assert 1.4 < rate(4096, 4096, 4096) / rate(4096, 4096, 256) < slower == pytest.approx(2.0, rel=0.01)

@@ -86,6 +86,8 @@ def test_a_plan_file_names_a_cluster_with_overrides(tmp_path: Path) -> None:
         ("cluster.fabric.tiers.0.bandwidth_GBps=fast", r"fabric\.tiers\.0\.bandwidth_GBps: Input should be a valid"),
         ("cluster.node.intra.speed=1", r"node\.intra\.speed: unknown key"),
         ("cluster.failures.rate_scale=-1", r"failures\.rate_scale"),
+        ("cluster.accelerator.device_memory_GiB=200", r"device_memory_GiB: 200\.0 GiB is more than .* 80\.0 GB"),
+        ("cluster.compute.gemm_bandwidth_GBps=3000", r"compute\.gemm_bandwidth_GBps: only the model fitted"),
     ],
 )
 def test_a_bad_what_if_is_one_line_naming_the_field(override: str, message: str) -> None:
@@ -154,5 +156,8 @@ def test_more_datasheet_memory_moves_what_cuda_reports_by_the_same_ratio() -> No
     swapped = api.load_cluster("dgx-h100-superpod", ["accelerator=a100-sxm4-40gb", "accelerator.hbm_GB=80"])
     assert swapped.accelerator.memory_bytes == pytest.approx(79.0 * 2**30)  # 39.5 GiB x 80 / 40
     plan = loader.load("gpt-1b-h100")
+    assert predict(plan).memory.capacity == pytest.approx(79.11)  # GiB, what the memory model fits into
     capacity = predict(loader.load("gpt-1b-h100", ["cluster.accelerator.hbm_GB=40"])).memory.capacity
-    assert capacity == pytest.approx(predict(plan).memory.capacity / 2)
+    assert capacity == pytest.approx(79.11 / 2)
+    with pytest.raises(PlanError, match=r"replaces the chip after accelerator\.hbm_GB changed it; name the chip first"):
+        api.load_cluster("dgx-h100-superpod", ["accelerator.hbm_GB=96", "accelerator=a100-sxm4-80gb"])

@@ -16,6 +16,7 @@ from plan.bench import BenchResult
 from plan.cluster import Cluster
 from twin.calibrate.fit import with_fields
 from twin.step.collectives import collective_time
+from twin.step.compute import OPERAND_BYTES, fitted_gemm_s
 from twin.step.fabric import Fabric
 
 GEMM_DTYPES = ("fp32", "bf16")
@@ -32,9 +33,34 @@ class BenchFit:
     """RMS relative error of the fitted link over the collective sweep."""
 
 
+def fit_gemm_table(bench: BenchResult, cluster: Cluster, dtype: str) -> tuple[dict[str, float], float]:
+    """On a GPU: the fields of the model fitted to a measured table by shape (twin/step/compute.py
+    `fitted_gemm_s`: the best shape's fraction, the GEMM bandwidth, a fixed cost per GEMM) over the sweep's points,
+    and the RMS relative error; benchmarks/fit_gemm_table.py fits the H100's the same way."""
+    points = [p for p in bench.gemm if p.dtype == dtype]
+    if len(points) < 4:
+        raise ValueError(f"{dtype}: {len(points)} GEMM points; the GPU model's three constants need at least 4")
+    peak = cluster.accelerator.peak_tflops.get(dtype, cluster.accelerator.peak_tflops["bf16"]) * 1e12
+    width = OPERAND_BYTES.get(dtype, 2)
+    flops = np.array([p.flops for p in points])
+    nbytes = np.array([width * (p.m * p.k + p.k * p.n + p.m * p.n) for p in points], dtype=float)
+    seconds = np.array([p.seconds for p in points])
+
+    def model(x: np.ndarray) -> np.ndarray:
+        return np.asarray(fitted_gemm_s(flops, nbytes, x[0] * peak, x[1] * 1e9, x[2] * 1e-6))
+
+    x0 = [0.7, cluster.accelerator.hbm_bandwidth_GBps, 5.0]
+    sol = least_squares(lambda x: np.log(model(x) / seconds), x0, bounds=([1e-3, 1.0, 0.0], [1.0, 1e5, 1e4]))
+    rms = float(np.sqrt(np.mean(np.square(model(sol.x) / seconds - 1))))
+    fields = {f"compute.gemm_peak_fraction.{dtype}": float(sol.x[0])}
+    if dtype == "bf16":  # the bandwidth and fixed cost are the bf16 fit's, as for the H100 table
+        fields |= {"compute.gemm_bandwidth_GBps": float(sol.x[1]), "compute.gemm_fixed_us": max(float(sol.x[2]), 1e-3)}
+    return fields, rms
+
+
 def fit_gemm(bench: BenchResult, cluster: Cluster, dtype: str, kernel_s: float) -> tuple[float, float, float]:
-    """(peak fraction, half-efficiency size in GFLOP, RMS relative error) of the twin's GEMM curve
-    t = (f + f_half) / (fraction · peak) + kernel (twin/step/compute.py `Device.gemm_s`) over the sweep's points."""
+    """On a CPU host: (peak fraction, half-efficiency size in GFLOP, RMS relative error) of the twin's GEMM curve
+    t = (f + f_half) / (fraction · peak) + kernel (twin/step/compute.py `Device.flops_s`) over the sweep's points."""
     points = [p for p in bench.gemm if p.dtype == dtype]
     if len(points) < 3:
         raise ValueError(f"{dtype}: {len(points)} GEMM points; the curve needs at least 3")
@@ -90,7 +116,10 @@ def fit_bench(bench: BenchResult, cluster: Cluster) -> BenchFit:
         values["compute.sharded_kernel_overhead_us"] = max(0.0, dtensor[0] - eager[0]) * 1e6
     gemm_rms = {}
     for dtype in GEMM_DTYPES:
-        if sum(p.dtype == dtype for p in bench.gemm) >= 3:
+        if cluster.accelerator.sm_count is not None and sum(p.dtype == dtype for p in bench.gemm) >= 4:
+            fields, gemm_rms[dtype] = fit_gemm_table(bench, cluster, dtype)
+            values |= fields
+        elif cluster.accelerator.sm_count is None and sum(p.dtype == dtype for p in bench.gemm) >= 3:
             fraction, half, gemm_rms[dtype] = fit_gemm(bench, cluster, dtype, kernel_s)
             values[f"compute.gemm_peak_fraction.{dtype}"] = fraction
             if dtype == "bf16":

@@ -1,7 +1,9 @@
 """What one rank's device does in a given time: GEMMs by shape, fused attention by sequence length, memory-bound
 kernels by bytes — each from a kernel-level measurement the cluster's accelerator file cites.
 
-- GEMM (GPU): a GEMM runs in waves of one 128x256 output tile per SM (NVIDIA, "Matrix Multiplication Background
+- GEMM (GPU with a table by shape, `compute.gemm_fixed_us`): max(FLOPs at the best shape's rate, bytes at the GEMM
+  bandwidth) plus a fixed cost per GEMM, the three fitted to a measured table (`fitted_gemm_s`; H100: XLA's).
+- GEMM (GPU without one): waves of one 128x256 output tile per SM (NVIDIA, "Matrix Multiplication Background
   User's Guide", §3.2 wave quantization; ml-engineering, "Tile and wave quantization"), each full wave at the
   accelerator's measured fraction of peak for transformer-sized GEMMs, and never faster than moving its operands
   through HBM (the roofline). A partial last wave idles the SMs it leaves empty.
@@ -20,8 +22,12 @@ from __future__ import annotations
 import bisect
 import math
 from dataclasses import dataclass, replace
+from typing import Any
 
-from plan.cluster import AttentionTable, Cluster
+import numpy as np
+
+from plan.accelerator import AttentionTable
+from plan.cluster import Cluster
 from plan.errors import PlanError
 
 TILE = (128, 256)
@@ -62,7 +68,7 @@ class Device:
     peak_flops: float
     """Dense peak for the plan's matmul dtype (FLOP/s)."""
     gemm_fraction: float
-    """Fraction of that peak a full wave of a transformer-sized GEMM reaches."""
+    """Fraction of that peak a full wave of a transformer-sized GEMM reaches (the best shape's, with gemm_fixed_s)."""
     kernel_s: float
     """Fixed cost of one kernel (s)."""
     memory_Bps: float
@@ -162,8 +168,8 @@ class Device:
         )
 
     def without_sms(self, withheld: int) -> Device:
-        """The same rank with `withheld` SMs kept from its GEMMs (Transformer Engine's `set_sm_margin`): the wave
-        model runs on the rest, at their share of the peak."""
+        """The same rank with `withheld` SMs kept from its GEMMs (Transformer Engine's `set_sm_margin`): GEMMs run on
+        the rest, at their share of the peak (the wave model on that many SMs)."""
         if not withheld or self.sm_count is None:
             return self
         if withheld >= self.sm_count:
@@ -182,8 +188,9 @@ class Device:
     # --- GEMMs --------------------------------------------------------------------------------------------------
 
     def gemm_s(self, m: float, n: float, k: float, batch: float = 1) -> float:
-        """One (batched) GEMM of an m x k by k x n product: the wave model and roofline on a GPU, the saturating
-        curve on a CPU host; plus the per-kernel cost."""
+        """One (batched) GEMM of an m x k by k x n product: on a GPU the fit to a measured table (`fitted_gemm_s`)
+        where the accelerator has one, else the wave model and roofline plus the per-kernel cost; the saturating
+        curve on a CPU host."""
         if m <= 0 or n <= 0 or k <= 0 or batch <= 0:
             return 0.0
         flops = 2.0 * m * n * k * batch
@@ -194,7 +201,7 @@ class Device:
         nbytes = ((m * k + k * n) * self.operand_bytes + m * n * written) * batch
         rate = self.gemm_fraction * self.in_training * self.peak_flops
         if self.gemm_fixed_s:  # fitted to a measured table by shape: no one tile's waves
-            return max(flops / rate, nbytes / (self.gemm_Bps or self.memory_Bps)) + self.gemm_fixed_s
+            return fitted_gemm_s(flops, nbytes, rate, self.gemm_Bps or self.memory_Bps, self.gemm_fixed_s)
         return max(flops / (rate * self.wave_efficiency(m, n, batch)), nbytes / self.memory_Bps) + self.kernel_s
 
     def wave_efficiency(self, m: float, n: float, batch: float = 1) -> float:
@@ -238,6 +245,17 @@ class Device:
     def elementwise_s(self, nbytes: float, kernels: float) -> float:
         """A framework's element-wise and normalisation kernels moving `nbytes` in all."""
         return nbytes / (self.elementwise_Bps or self.memory_Bps) + kernels * self.kernel_s
+
+
+def fitted_gemm_s(flops: Any, nbytes: Any, rate: float, bandwidth_Bps: float, fixed_s: float) -> Any:
+    """A GEMM's time under the model fitted to a measured table by shape (floats or numpy arrays): its FLOPs at the
+    best shape's `rate` or its operands and product at the GEMM bandwidth, whichever is longer, plus a fixed cost
+    per GEMM (the first wave's ramp, the last's tail). benchmarks/fit_gemm_table.py and `twin bench`'s GPU fit use
+    the same function, so what is fitted is what is priced."""
+    compute, memory = flops / rate, nbytes / bandwidth_Bps
+    if isinstance(compute, float) and isinstance(memory, float):  # one GEMM: Python's max, not numpy's per call
+        return max(compute, memory) + fixed_s
+    return np.maximum(compute, memory) + fixed_s
 
 
 def _interpolate_tables(tables: tuple[AttentionTable, ...], seq: int, head_dim: int) -> tuple[float, float]:
