@@ -27,7 +27,20 @@ from torch.distributed.tensor import DTensor, Replicate
 from plan.bench import BenchResult, CollectivePoint, GemmPoint, OpPoint, bus_factor
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
-GEMM_SIZES = {"cpu": (32, 64, 128, 256, 512, 1024), "cuda": (256, 1024, 2048, 4096, 8192, 16384)}
+GEMM_SHAPES: dict[str, tuple[tuple[int, int, int], ...]] = {
+    "cpu": tuple((n, n, n) for n in (32, 64, 128, 256, 512, 1024)),
+    # a GPU's fit (fraction, GEMM bandwidth, fixed cost per GEMM: twin/step/compute.py fitted_gemm_s) needs short
+    # products beside the cubes, as XLA's table by shape has them: 4096 x 4096 at k = 256 and 1,024
+    "cuda": (
+        (4096, 4096, 256),
+        (4096, 4096, 1024),
+        (1024, 1024, 1024),
+        (2048, 2048, 2048),
+        *((n, n, n) for n in (256, 4096, 8192, 16384)),
+    ),
+}
+"""(m, n, k) of the GEMM sweep per device; --quick takes the first three on a CPU, the first four on a GPU (the GPU
+model's three constants need four points)."""
 MESSAGE_BYTES = {"cpu": tuple(4**i * 1024 for i in range(8)), "cuda": tuple(4**i * 4096 for i in range(12))}
 QUICK_MESSAGE_BYTES = (1024, 64 * 1024, 1024 * 1024)
 TARGET_S = 0.2  # time each point for about this long (at least 3 iterations)
@@ -74,14 +87,14 @@ def _calls(nbytes: int) -> int:
 
 
 def gemm_sweep(device: torch.device, quick: bool) -> list[GemmPoint]:
-    sizes = GEMM_SIZES[device.type][: 3 if quick else None]
+    shapes = GEMM_SHAPES[device.type][: (3 if device.type == "cpu" else 4) if quick else None]
     points = []
     for name, dtype in DTYPES.items():
-        for n in sizes:
-            a = torch.randn(n, n, device=device, dtype=dtype)
-            b = torch.randn(n, n, device=device, dtype=dtype)
+        for m, n, k in shapes:
+            a = torch.randn(m, k, device=device, dtype=dtype)
+            b = torch.randn(k, n, device=device, dtype=dtype)
             seconds = _timed(lambda a=a, b=b: a @ b, device)  # type: ignore[misc]
-            points.append(GemmPoint(m=n, n=n, k=n, dtype=name, seconds=seconds))
+            points.append(GemmPoint(m=m, n=n, k=k, dtype=name, seconds=seconds))
     return points
 
 
