@@ -30,17 +30,17 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from scipy.optimize import least_squares
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script: the repo root
 
 from plan import loader
-from twin.step.compute import TILE, fitted_gemm_s
+from twin.calibrate.bench_fit import fit_gemm_timing
+from twin.step.compute import TILE, Device, fitted_gemm_s
 
 ROOT = Path(__file__).resolve().parent.parent
 TABLE = ROOT / "benchmarks" / "data" / "xla_sm90_matmul_bf16.csv"
-ACCELERATOR = loader.load_cluster("dgx-h100-superpod").accelerator
-PEAK_FLOPS = ACCELERATOR.peak_tflops["bf16"] * 1e12
+H100 = loader.load_cluster("dgx-h100-superpod")
+PEAK_FLOPS = H100.accelerator.peak_tflops["bf16"] * 1e12
 """The dense bf16 peak the table's fraction is of (topologies/accelerators/h100-sxm5-80gb.yaml)."""
 OPERAND_BYTES = 2
 LAYER_SIZED = 1024
@@ -83,38 +83,17 @@ def model_seconds(x: np.ndarray, flops: np.ndarray, nbytes: np.ndarray, peak: fl
     return np.asarray(fitted_gemm_s(flops, nbytes, fraction * peak, bandwidth_GBps * 1e9, fixed_us * 1e-6))
 
 
-def wave_efficiency(table: pd.DataFrame, sms: int) -> np.ndarray:
-    """Share of the SMs one fixed tile's waves keep busy per shape (the model for accelerators without a table)."""
-    out = []
-    for m, n, b in zip(table.m, table.n, table.b, strict=True):
-        tiles = [-(-m // r) * -(-n // c) * b for r, c in (TILE, TILE[::-1])]
-        out.append(max(t / (-(-t // sms) * sms) for t in tiles))
-    return np.array(out)
-
-
 def fit(table: pd.DataFrame, waves: bool = False) -> GemmFit:
-    """The three constants over the layer-sized shapes; with `waves`, each shape's compute slowed by one fixed
-    tile's wave efficiency, the alternative the table rules out."""
+    """The three constants over the layer-sized shapes (`fit_gemm_timing`, as `twin bench` fits a GPU); with
+    `waves`, each shape's compute slowed by one fixed tile's wave efficiency (`Device.wave_efficiency`, the model for
+    accelerators without a table), the alternative the table rules out."""
     rows = table[layer_sized(table)]
     flops, nbytes, measured = (rows[c].to_numpy() for c in ("flops", "bytes", "seconds"))
-    if waves:
-        assert ACCELERATOR.sm_count is not None
-        flops = flops / wave_efficiency(rows, ACCELERATOR.sm_count)  # the compute term only: bytes stay as moved
-    result = least_squares(
-        lambda x: np.log(model_seconds(x, flops, nbytes) / measured),
-        x0=[0.8, 3000.0, 5.0],
-        bounds=([0.3, 500.0, 0.0], [1.0, 10000.0, 50.0]),
-        x_scale=[0.1, 1000.0, 1.0],
-    )
-    r = result.fun
-    return GemmFit(
-        float(result.x[0]),
-        float(result.x[1]),
-        float(result.x[2]),
-        len(rows),
-        float(np.sqrt(np.mean(r**2))),
-        float(np.abs(r).max()),
-    )
+    if waves:  # the compute term only: bytes stay as moved
+        device = Device.of(H100, "bf16", H100.node.gpus)
+        flops = flops / np.array([device.wave_efficiency(r.m, r.n, r.b) for r in rows.itertuples()])
+    (fraction, bandwidth, fixed), r = fit_gemm_timing(flops, nbytes, measured, PEAK_FLOPS)
+    return GemmFit(fraction, bandwidth, fixed, len(rows), float(np.sqrt(np.mean(r**2))), float(np.abs(r).max()))
 
 
 def main() -> None:
@@ -134,7 +113,7 @@ def main() -> None:
     print(f"smaller shapes, not fitted: {len(small)}, mean |error| {small.model_error.abs().mean():.2f}")
     waves = fit(table, waves=True)
     print(
-        f"the same fit with one {TILE[0]}x{TILE[1]} tile's waves on {ACCELERATOR.sm_count} SMs: fraction "
+        f"the same fit with one {TILE[0]}x{TILE[1]} tile's waves on {H100.accelerator.sm_count} SMs: fraction "
         f"{waves.fraction:.3f}, rms log error {waves.rms_log_error:.3f}, worst {waves.worst_log_error:.3f}"
     )
     out = ROOT / "benchmarks" / "results" / "fit_gemm_table.json"

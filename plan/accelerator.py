@@ -68,6 +68,8 @@ class Accelerator(Sourced):
 
     @model_validator(mode="after")
     def _memory(self) -> Accelerator:
+        # a sanity bound, not a figure: CUDA reports about 6% more than the datasheet's GB read as bytes (H100 79.11
+        # GiB = 84.9e9 of "80 GB", A100 79.25 GiB = 85.1e9, B200 178.35 GiB = 191.5e9 of "180 GB"), never 10% more
         if self.device_memory_GiB and self.device_memory_GiB * 2**30 > 1.1 * self.hbm_GB * 1e9:
             raise ValueError(
                 f"device_memory_GiB: {self.device_memory_GiB} GiB is more than the datasheet's {self.hbm_GB} GB; "

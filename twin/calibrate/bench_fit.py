@@ -33,10 +33,25 @@ class BenchFit:
     """RMS relative error of the fitted link over the collective sweep."""
 
 
-def fit_gemm_table(bench: BenchResult, cluster: Cluster, dtype: str) -> tuple[dict[str, float], float]:
-    """On a GPU: the fields of the model fitted to a measured table by shape (twin/step/compute.py
-    `fitted_gemm_s`: the best shape's fraction, the GEMM bandwidth, a fixed cost per GEMM) over the sweep's points,
-    and the RMS relative error; benchmarks/fit_gemm_table.py fits the H100's the same way."""
+def fit_gemm_timing(
+    flops: np.ndarray, nbytes: np.ndarray, seconds: np.ndarray, peak: float
+) -> tuple[tuple[float, float, float], np.ndarray]:
+    """(fraction, bandwidth GB/s, fixed us) of the GPU GEMM model (twin/step/compute.py `fitted_gemm_s`) that fit
+    measured GEMMs best in log time, and the log residuals: `twin bench`'s GPU sweep and
+    benchmarks/fit_gemm_table.py (XLA's H100 table) both fit with it, so what is fitted is what is priced."""
+
+    def log_error(x: np.ndarray) -> np.ndarray:
+        return np.log(np.asarray(fitted_gemm_s(flops, nbytes, x[0] * peak, x[1] * 1e9, x[2] * 1e-6)) / seconds)
+
+    sol = least_squares(
+        log_error, [0.7, 3000.0, 5.0], bounds=([1e-3, 1.0, 0.0], [1.0, 1e5, 1e4]), x_scale=[0.1, 1000.0, 1.0]
+    )
+    return (float(sol.x[0]), float(sol.x[1]), float(sol.x[2])), np.asarray(sol.fun)
+
+
+def fit_gemm_gpu(bench: BenchResult, cluster: Cluster, dtype: str) -> tuple[dict[str, float], float]:
+    """On a GPU: the profile fields of `fit_gemm_timing` over the sweep's points of `dtype`, and the RMS relative
+    error (the bandwidth and fixed cost are the bf16 fit's, as for the H100 table)."""
     points = [p for p in bench.gemm if p.dtype == dtype]
     if len(points) < 4:
         raise ValueError(f"{dtype}: {len(points)} GEMM points; the GPU model's three constants need at least 4")
@@ -44,18 +59,13 @@ def fit_gemm_table(bench: BenchResult, cluster: Cluster, dtype: str) -> tuple[di
     width = OPERAND_BYTES.get(dtype, 2)
     flops = np.array([p.flops for p in points])
     nbytes = np.array([width * (p.m * p.k + p.k * p.n + p.m * p.n) for p in points], dtype=float)
-    seconds = np.array([p.seconds for p in points])
-
-    def model(x: np.ndarray) -> np.ndarray:
-        return np.asarray(fitted_gemm_s(flops, nbytes, x[0] * peak, x[1] * 1e9, x[2] * 1e-6))
-
-    x0 = [0.7, cluster.accelerator.hbm_bandwidth_GBps, 5.0]
-    sol = least_squares(lambda x: np.log(model(x) / seconds), x0, bounds=([1e-3, 1.0, 0.0], [1.0, 1e5, 1e4]))
-    rms = float(np.sqrt(np.mean(np.square(model(sol.x) / seconds - 1))))
-    fields = {f"compute.gemm_peak_fraction.{dtype}": float(sol.x[0])}
-    if dtype == "bf16":  # the bandwidth and fixed cost are the bf16 fit's, as for the H100 table
-        fields |= {"compute.gemm_bandwidth_GBps": float(sol.x[1]), "compute.gemm_fixed_us": max(float(sol.x[2]), 1e-3)}
-    return fields, rms
+    (fraction, bandwidth, fixed), log_error = fit_gemm_timing(
+        flops, nbytes, np.array([p.seconds for p in points]), peak
+    )
+    fields = {f"compute.gemm_peak_fraction.{dtype}": fraction}
+    if dtype == "bf16":
+        fields |= {"compute.gemm_bandwidth_GBps": bandwidth, "compute.gemm_fixed_us": max(fixed, 1e-3)}
+    return fields, float(np.sqrt(np.mean(np.square(np.expm1(log_error)))))
 
 
 def fit_gemm(bench: BenchResult, cluster: Cluster, dtype: str, kernel_s: float) -> tuple[float, float, float]:
@@ -117,7 +127,7 @@ def fit_bench(bench: BenchResult, cluster: Cluster) -> BenchFit:
     gemm_rms = {}
     for dtype in GEMM_DTYPES:
         if cluster.accelerator.sm_count is not None and sum(p.dtype == dtype for p in bench.gemm) >= 4:
-            fields, gemm_rms[dtype] = fit_gemm_table(bench, cluster, dtype)
+            fields, gemm_rms[dtype] = fit_gemm_gpu(bench, cluster, dtype)
             values |= fields
         elif cluster.accelerator.sm_count is None and sum(p.dtype == dtype for p in bench.gemm) >= 3:
             fraction, half, gemm_rms[dtype] = fit_gemm(bench, cluster, dtype, kernel_s)
