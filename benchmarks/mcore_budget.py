@@ -1,7 +1,10 @@
 """Where each Megatron-Core H100 row's step goes in the twin, and what the published figure leaves room for.
 
 The Megatron-Core r0.8.0 table (../shared/published/megatron-core-h100.md) does not publish micro-batch size,
-interleaving or dropout, and benchmarks/published.py fixes them once for the table (micro-batch 1, no interleaving).
+interleaving or dropout, and benchmarks/published.py fixes them once for the table (micro-batch 1; pipelined rows
+interleaved, since the README's pipeline-communication overlap exists only under the interleaved schedule: the
+largest of 6, 4, 3, 2 virtual stages that divides their layers per rank, as issue 13 fixed it, else one layer per
+virtual stage).
 This script asks what the published figures themselves say about those choices, with nothing fitted:
 
 1. Per row: the published step time (Megatron-Core's FLOP count over the published TFLOP/s), the twin's compute,
@@ -32,7 +35,7 @@ from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script: the repo root
 
-from benchmarks.published import MCORE_H100, McoreRow, mcore_plan, mcore_tflops
+from benchmarks.published import MCORE_H100, McoreRow, mcore_plan, mcore_tflops, mcore_virtual_stages
 from twin import api
 
 STRONG_SCALING = ((2, 0.47), (48, 0.44), (96, 0.42))
@@ -42,6 +45,11 @@ STRONG_SCALING = ((2, 0.47), (48, 0.44), (96, 0.42))
 STRONG_BATCH = 1152
 
 
+def _vp(row: McoreRow) -> str:
+    virtual = mcore_virtual_stages(row)
+    return f" VP{virtual}" if virtual > 1 else ""
+
+
 def row_budget(row: McoreRow) -> dict[str, Any]:
     pred = api.predict(mcore_plan(row))
     b = pred.breakdown_s
@@ -49,7 +57,7 @@ def row_budget(row: McoreRow) -> dict[str, Any]:
     busy = b["compute"] + b["tp_comm"] + b["bubble"]
     return {
         "row": row.name,
-        "layout": f"TP{row.tp} PP{row.pp} DP{row.dp}",
+        "layout": f"TP{row.tp} PP{row.pp} DP{row.dp}" + _vp(row),
         "published_s": published_s,
         "predicted_s": pred.step_time_s,
         "compute_s": b["compute"],

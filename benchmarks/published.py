@@ -132,7 +132,8 @@ def narayanan_tflops(row: NarayananRow, step_s: float) -> float:
 class McoreRow:
     """One row of Megatron-Core r0.8.0's H100 weak-scaling table (../shared/published/megatron-core-h100.md): GPT
     with vocab 131,072 and sequence 4,096, DP 48, bf16, and where the README is silent Megatron-Core's defaults:
-    no recompute (the 462B row fits without it), micro-batch 1, no interleaving."""
+    no recompute (the 462B row fits without it), micro-batch 1; interleaved where the row is pipelined
+    (`mcore_virtual_stages`)."""
 
     name: str
     heads: int
@@ -159,8 +160,31 @@ MCORE_H100 = (
 )
 
 
-def mcore_plan(row: McoreRow, virtual: int = MEGATRON_DEFAULT_VIRTUAL_STAGES) -> Plan:
-    """The row as a plan; `virtual` stages per pipeline rank where a what-if asks (benchmarks/mcore_budget.py)."""
+MCORE_VIRTUAL_CHOICES = (6, 4, 3, 2)
+"""Virtual stages per pipeline rank, largest first, that issue 13 fixed before predicting where a run's
+interleaving is not published."""
+
+
+def mcore_virtual_stages(row: McoreRow) -> int:
+    """Virtual stages of a pipelined row: the largest of 6, 4, 3, 2 that divides its layers per pipeline rank, and
+    where none does (119B's 23 layers a rank, 462B's 7) one layer per virtual stage, the only interleaving those
+    counts allow. Every pipelined row is interleaved because the README lists pipeline-parallel communication among
+    the overlaps the runs used ("enabled by default"), and Megatron-LM overlaps it only under the interleaved
+    schedule: --no-overlap-p2p-communication defaults the overlap on and validate_args turns it off otherwise
+    ("Overlap P2P communication is disabled if not using the interleaved schedule", megatron/training/arguments.py).
+    The figures agree (benchmarks/mcore_budget.py): the strong-scaling point of 42% at 4,608 GPUs (12 microbatches a
+    pipeline) is out of reach of the non-interleaved 1F1B's 5/12 bubble, and so is the 462B row, whose compute, TP
+    and 15/64 bubble alone already outlast its published step."""
+    per_rank = row.layers // row.pp
+    if row.pp == 1:
+        return 1
+    return next((v for v in MCORE_VIRTUAL_CHOICES if per_rank % v == 0), per_rank)
+
+
+def mcore_plan(row: McoreRow, virtual: int | None = None) -> Plan:
+    """The row as a plan; `virtual` stages per pipeline rank where a what-if asks (benchmarks/mcore_budget.py),
+    else `mcore_virtual_stages`."""
+    virtual = mcore_virtual_stages(row) if virtual is None else virtual
     return api.load_plan(
         {
             "name": f"mcore-h100-{row.name.lower()}",

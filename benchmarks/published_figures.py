@@ -39,6 +39,7 @@ from benchmarks.published import (
     llama_plan,
     mcore_plan,
     mcore_tflops,
+    mcore_virtual_stages,
     narayanan_plan,
     narayanan_tflops,
 )
@@ -85,7 +86,9 @@ def mcore_rows() -> list[Row]:
     out = []
     for r in MCORE_H100:
         step = predict(mcore_plan(r)).step_time_s
-        what = f"GPT {r.name}, {r.tp * r.pp * r.dp:,} H100, TP{r.tp} PP{r.pp}: TFLOP/s per GPU"
+        vp = mcore_virtual_stages(r)
+        layout = f"TP{r.tp} PP{r.pp}" + (f" VP{vp}" if vp > 1 else "")
+        what = f"GPT {r.name}, {r.tp * r.pp * r.dp:,} H100, {layout}: TFLOP/s per GPU"
         out.append(_row(what, r.tflops, mcore_tflops(r, step), "Megatron-Core r0.8.0 README (f2e5db402c)"))
     return out
 
