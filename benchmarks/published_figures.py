@@ -47,6 +47,10 @@ from benchmarks.published_mpt import MPT_A100, MPT_A100_40GB, SOURCE_40GB, MptRo
 from benchmarks.published_mpt import SOURCE as MPT_SOURCE
 from benchmarks.published_nemotron import NEMOTRON_H100, SOURCE, nemotron_plan
 from plan.loader import load_cluster
+from plan.loader import plan_cluster as load_plan_cluster
+from plan.schema import Plan
+from twin.fidelity import FILE as FIDELITY_FILE
+from twin.fidelity import plan_class, summarise
 from twin.step.collectives import InNetwork, collective_time
 from twin.step.fabric import Fabric
 from twin.step.predict import predict
@@ -60,6 +64,11 @@ NCCL = [  # (cluster, algorithm, published busbw GB/s, source, kind)
 ]
 
 Row = dict[str, Any]
+
+FIDELITY_SOURCE = (
+    "written by benchmarks/published_figures.py (rerun it after any change to the step model): the validation rows "
+    "of its published tables, by accelerator, precision and MoE; twin/fidelity.py reads it"
+)
 
 
 def nccl_rows() -> list[Row]:
@@ -76,38 +85,43 @@ def nccl_rows() -> list[Row]:
 def narayanan_rows() -> list[Row]:
     out = []
     for r in NARAYANAN_TABLE_1:
-        step = predict(narayanan_plan(r)).step_time_s
+        plan = narayanan_plan(r)
+        step = predict(plan).step_time_s
         what = f"GPT {r.params_b:g}B, {r.gpus:,} A100, TP{r.tp} PP{r.pp}: TFLOP/s per GPU"
-        out.append(_row(what, r.tflops, narayanan_tflops(r, step), "Narayanan et al. 2021, Table 1"))
+        out.append(_row(what, r.tflops, narayanan_tflops(r, step), "Narayanan et al. 2021, Table 1", plan=plan))
     return out
 
 
 def mcore_rows() -> list[Row]:
     out = []
     for r in MCORE_H100:
-        step = predict(mcore_plan(r)).step_time_s
+        plan = mcore_plan(r)
+        step = predict(plan).step_time_s
         vp = mcore_virtual_stages(r)
         layout = f"TP{r.tp} PP{r.pp}" + (f" VP{vp}" if vp > 1 else "")
         what = f"GPT {r.name}, {r.tp * r.pp * r.dp:,} H100, {layout}: TFLOP/s per GPU"
-        out.append(_row(what, r.tflops, mcore_tflops(r, step), "Megatron-Core r0.8.0 README (f2e5db402c)"))
+        out.append(_row(what, r.tflops, mcore_tflops(r, step), "Megatron-Core r0.8.0 README (f2e5db402c)", plan=plan))
     return out
 
 
 def korthikanti_rows() -> list[Row]:
     out = []
     for r in KORTHIKANTI_A100:
-        step = predict(korthikanti_plan(r)).step_time_s
+        plan = korthikanti_plan(r)
+        step = predict(plan).step_time_s
         what = f"GPT {r.name}, {r.tp * r.pp} A100, TP{r.tp} PP{r.pp}, DP1: MFU"
-        out.append(_row(what, r.mfu, korthikanti_mfu(r, step), "Megatron-LM A100 README (Korthikanti et al. 2022)"))
+        source = "Megatron-LM A100 README (Korthikanti et al. 2022)"
+        out.append(_row(what, r.mfu, korthikanti_mfu(r, step), source, plan=plan))
     return out
 
 
 def llama_rows() -> list[Row]:
     out = []
     for r in LLAMA3_TABLE_4:
-        pred = predict(llama_plan(r))
+        plan = llama_plan(r)
+        pred = predict(plan)
         what = f"Llama 3 405B, {r.gpus:,} H100, CP{r.cp} DP{r.dp}, seq {r.seq:,}: MFU"
-        out.append(_row(what, r.mfu, pred.mfu, "Dubey et al. 2024, Table 4"))
+        out.append(_row(what, r.mfu, pred.mfu, "Dubey et al. 2024, Table 4", plan=plan))
     return out
 
 
@@ -116,12 +130,13 @@ def dgxc_rows() -> list[Row]:
     bf16 rows are where the H100's in-training fraction was fitted (kind `fit`); the fp8 rows were left out."""
     out = []
     for r in DGXC_H100:
-        step = predict(dgxc_plan(r)).step_time_s
+        plan = dgxc_plan(r)
+        step = predict(plan).step_time_s
         tp = f"TP{r.tp} PP{r.pp} CP{r.cp}" + (f" VP{r.virtual}" if r.virtual > 1 else "")
         what = f"{r.model} {r.dtype}, {r.gpus:,} H100, {tp}: tokens/s per GPU"
         kind = "fit" if r.dtype == "bf16" else "validation"
         source = "NVIDIA/dgxc-benchmarking v25.02 (NeMo 24.12)"
-        out.append(_tokens_per_gpu_row(what, r.seq * r.batch / r.gpus, r.step_s, step, source, kind))
+        out.append(_tokens_per_gpu_row(what, r.seq * r.batch / r.gpus, r.step_s, step, source, kind, plan))
     return out
 
 
@@ -130,11 +145,12 @@ def grok_rows() -> list[Row]:
     out = []
     for r in DGXC_GROK_H100:
         for dtype, published in (("bf16", r.bf16_s), ("fp8", r.fp8_s)):
-            step = predict(grok_plan(r, dtype)).step_time_s
+            plan = grok_plan(r, dtype)
+            step = predict(plan).step_time_s
             layout = f"TP{r.tp} PP{r.pp} CP{r.cp} EP{r.ep}" + (f" VP{r.virtual}" if r.virtual > 1 else "")
             what = f"grok-1 {r.layers}L {dtype}, {r.gpus:,} H100, {layout}: tokens/s per GPU"
             source = "NVIDIA/dgxc-benchmarking v25.02 (NeMo 24.12), grok1/README_314b.md"
-            out.append(_tokens_per_gpu_row(what, r.seq * r.batch / r.gpus, published, step, source))
+            out.append(_tokens_per_gpu_row(what, r.seq * r.batch / r.gpus, published, step, source, plan=plan))
     return out
 
 
@@ -143,10 +159,11 @@ def nemotron_rows() -> list[Row]:
     (benchmarks/published_nemotron.py; no fit uses them)."""
     out = []
     for r in NEMOTRON_H100:
-        step = predict(nemotron_plan(r)).step_time_s
+        plan = nemotron_plan(r)
+        step = predict(plan).step_time_s
         layout = f"TP{r.tp} PP{r.pp} CP{r.cp}" + (" VP12" if r.pp > 1 else "")
         what = f"{r.model} {r.dtype}, {r.gpus:,} H100, {layout}: tokens/s per GPU"
-        out.append(_tokens_per_gpu_row(what, 4096 * r.batch / r.gpus, r.step_s, step, SOURCE))
+        out.append(_tokens_per_gpu_row(what, 4096 * r.batch / r.gpus, r.step_s, step, SOURCE, plan=plan))
     return out
 
 
@@ -154,11 +171,12 @@ def mpt_rows(rows: tuple[MptRow, ...] = MPT_A100, source: str = MPT_SOURCE) -> l
     """MosaicML's MPT tokens per second per GPU on A100 under FSDP (benchmarks/published_mpt.py; no fit uses them)."""
     out = []
     for r in rows:
-        step = predict(mpt_plan(r)).step_time_s
+        plan = mpt_plan(r)
+        step = predict(plan).step_time_s
         ckpt = ", checkpointed" if r.checkpointing else ""
         part = "A100 40GB" if r.accelerator == "a100-sxm4-40gb" else "A100"
         what = f"MPT-{r.model} seq {r.seq:,}, {r.gpus} {part}, micro-batch {r.microbatch}{ckpt}: tokens/s per GPU"
-        out.append(_row(what, r.tokens_per_gpu, mpt_tokens_per_gpu(r, step), source))
+        out.append(_row(what, r.tokens_per_gpu, mpt_tokens_per_gpu(r, step), source, plan=plan))
     return out
 
 
@@ -167,14 +185,24 @@ def mpt_40gb_rows() -> list[Row]:
 
 
 def _tokens_per_gpu_row(
-    what: str, tokens_per_gpu: float, published_s: float, predicted_s: float, source: str, kind: str = "validation"
+    what: str,
+    tokens_per_gpu: float,
+    published_s: float,
+    predicted_s: float,
+    source: str,
+    kind: str = "validation",
+    plan: Plan | None = None,
 ) -> Row:
     """A published step time as throughput (tokens per GPU per second, rounded as the recipes print it)."""
-    return _row(what, round(tokens_per_gpu / published_s), tokens_per_gpu / predicted_s, source, kind)
+    return _row(what, round(tokens_per_gpu / published_s), tokens_per_gpu / predicted_s, source, kind, plan)
 
 
-def _row(what: str, published: float, predicted: float, source: str, kind: str = "validation") -> Row:
-    return {
+def _row(
+    what: str, published: float, predicted: float, source: str, kind: str = "validation", plan: Plan | None = None
+) -> Row:
+    """One figure; a training run's carries its plan's class (twin.fidelity.plan_class), which
+    twin/published_fidelity.json groups its errors by."""
+    row: Row = {
         "what": what,
         "published": published,
         "predicted": predicted,
@@ -182,6 +210,9 @@ def _row(what: str, published: float, predicted: float, source: str, kind: str =
         "source": source,
         "kind": kind,
     }
+    if plan is not None:
+        row["class"] = plan_class(plan, load_plan_cluster(plan))
+    return row
 
 
 TABLES: dict[str, Callable[[], list[Row]]] = {
@@ -236,6 +267,23 @@ def main() -> None:
     out.parent.mkdir(exist_ok=True)
     out.write_text(json.dumps(results, indent=1) + "\n")
     print(f"wrote {out}")
+    groups = fidelity_groups(results)
+    table = Table(title="the validation rows by the class a prediction is checked in (twin/published_fidelity.json)")
+    for col in ("accelerator", "precision", "model", "rows", "mean |error|", "90%", "optimistic", "worst"):
+        table.add_column(col)
+    for g in groups:
+        model = "MoE" if g["moe"] else "dense"
+        errors = f"{g['mean_abs_error']:.1%}", f"{g['p90_abs_error']:.1%}", str(g["optimistic_rows"])
+        worst = f"{g['worst_error']:+.1%} {g['worst']}"
+        table.add_row(g["accelerator"], g["precision"], model, str(g["rows"]), *errors, worst)
+    console.print(table)
+    FIDELITY_FILE.write_text(json.dumps({"source": FIDELITY_SOURCE, "groups": groups}, indent=1) + "\n")
+    print(f"wrote {FIDELITY_FILE}")
+
+
+def fidelity_groups(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """The validation rows of every table, grouped as a prediction looks its record up (twin/fidelity.py)."""
+    return summarise({name: table["figures"] for name, table in results.items()})
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ README's Fidelity section).
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -19,6 +20,8 @@ from benchmarks.published_mpt import MPT_A100, MPT_A100_40GB, mpt_plan
 from plan import loader
 from plan.model_math import model_flops_per_token, recompute_flops_per_token
 from twin import api
+from twin.fidelity import FILE as FIDELITY_FILE
+from twin.fidelity import summarise
 from twin.step.compute import Device
 from twin.step.predict import predict, straggler_factor
 
@@ -197,3 +200,22 @@ def test_h100_gemms_take_the_time_xla_measured_for_their_shape() -> None:
     measured = table.set_index(["b", "m", "n", "k"]).flops_per_s
     slower = measured[(1, 4096, 4096, 4096)] / measured[(1, 4096, 4096, 256)]
     assert 1.4 < rate(4096, 4096, 4096) / rate(4096, 4096, 256) < slower == pytest.approx(2.0, rel=0.01)
+
+
+def test_published_fidelity_file_is_what_the_tables_give_today(tables: dict[str, list[Row]]) -> None:
+    """twin/published_fidelity.json, which every prediction quotes, is the grouping of today's rows: a change to the
+    step model that moves a row and leaves the file behind fails here (`python benchmarks/published_figures.py`
+    rewrites it)."""
+    committed = json.loads(FIDELITY_FILE.read_text())["groups"]
+    today = summarise(tables)
+    key = ("accelerator", "precision", "moe")
+    assert [[g[k] for k in key] for g in committed] == [[g[k] for k in key] for g in today]
+    for old, new in zip(committed, today, strict=True):
+        assert (old["rows"], old["tables"], old["worst"], old["optimistic_rows"]) == (
+            new["rows"],
+            new["tables"],
+            new["worst"],
+            new["optimistic_rows"],
+        )
+        for field in ("mean_abs_error", "p90_abs_error", "worst_error"):
+            assert old[field] == pytest.approx(new[field], rel=1e-9, abs=1e-12), (old["worst"], field)

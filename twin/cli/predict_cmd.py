@@ -21,6 +21,7 @@ from twin.cli.options import (
     limits_from,
     styled,
 )
+from twin.fidelity import published_fidelity, record_line
 from twin.fit import oom_message
 from twin.outputs import output_file
 from twin.step.predict import PredictOptions, StepPrediction
@@ -51,10 +52,12 @@ def predict(
     if not pred.fits:
         warning = oom_message(loaded, api.cluster_of(loaded), pred.memory, allow_hint=False)
         err_console.print(styled(("warning:", "bold yellow"), " ", warning), soft_wrap=True)
+    cluster = api.cluster_of(loaded)
     if as_json:
-        emit_json(pred.to_json(timeline=timeline))
+        found = published_fidelity(loaded, cluster)
+        emit_json({**pred.to_json(timeline=timeline), "published_fidelity": found.to_json() if found else None})
         return
-    show_prediction(pred, trace)
+    show_prediction(pred, trace, record_line(loaded, cluster))
 
 
 def _utilisation(pred: StepPrediction) -> str:
@@ -63,8 +66,9 @@ def _utilisation(pred: StepPrediction) -> str:
     return f"{pred.mfu:.1%} / {pred.hfu:.1%}{bf16}  ({pred.tflops_per_gpu:.0f} model TFLOP/s per GPU)"
 
 
-def show_prediction(pred: StepPrediction, trace: Path | None) -> None:
-    """The prediction as two tables: headline figures and where the step goes."""
+def show_prediction(pred: StepPrediction, trace: Path | None, record: str | None = None) -> None:
+    """The prediction as two tables: headline figures and where the step goes; `record`, the twin's record on
+    published runs of the plan's kind (twin/fidelity.py)."""
     head = Table(title=f"{pred.plan} on {pred.cluster} — {pred.world_size:,} GPUs", show_header=False)
     head.add_column(style="cyan")
     head.add_column()
@@ -82,8 +86,10 @@ def show_prediction(pred: StepPrediction, trace: Path | None) -> None:
         ("fits", styled(("yes", "") if pred.fits else ("NO", "bold red"), f" — {mem.reason}")),
         ("to train", f"{pred.days_to_train:,.1f} days, {pred.gpu_hours:,.0f} GPU-hours"),
         ("simulated", f"{pred.events:,} events"),
+        ("checked on", record),
     ):
-        head.add_row(key, value)
+        if value is not None:
+            head.add_row(key, value)
     console.print(head)
     parts = Table(title="where the step goes")
     parts.add_column("phase", style="cyan")
