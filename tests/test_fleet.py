@@ -40,6 +40,23 @@ def test_each_fleet_runs_its_own_best_layout_and_its_whole_run(table: object) ->
     assert rows.loc["dgx-h100-superpod", "step_time_s"] < rows.loc["dgx-a100-superpod", "step_time_s"]
 
 
+def test_each_fleet_row_carries_the_record_of_its_best_plans_kind(table: object) -> None:
+    rows = table.set_index("cluster")  # type: ignore[attr-defined]
+    plans = table.attrs["plans"]  # type: ignore[attr-defined]
+    for name in ("dgx-h100-superpod", "dgx-a100-superpod"):
+        record = api.published_fidelity(plans[name])
+        assert record is not None and record.accelerator == loader.load_cluster(name).accelerator.name
+        assert rows.loc[name, "published_rows"] == record.rows > 0
+        assert rows.loc[name, "published_mean_abs_error"] == pytest.approx(record.mean_abs_error)
+    text = CliRunner().invoke(app, ["fleet", MODEL, "--clusters", "dgx-h100-superpod,hgx-b200-superpod",
+                                    "--gpus", "16", "--batch-tokens", str(2**20), "--fix", "layout.cp=1"])  # fmt: skip
+    assert text.exit_code == 0, text.output
+    b200 = next(line for line in text.stdout.splitlines() if "hgx-b200-superpod" in line)
+    h100 = next(line for line in text.stdout.splitlines() if "dgx-h100-superpod" in line)
+    assert "published check" in text.stdout and b200.rstrip(" │").endswith("none")  # no B200 run is checked
+    assert f"{int(rows.loc['dgx-h100-superpod', 'published_rows'])} runs" in h100
+
+
 def test_a_fleet_that_cannot_run_says_why_and_the_others_stay(table: object) -> None:
     rows = table.set_index("cluster")  # type: ignore[attr-defined]
     # --gpus 16 is capped at the one GPU single-h100 has; an 8B model with Adam does not fit on it

@@ -3,8 +3,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Hashable, Mapping
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import pandas as pd
 import typer
@@ -93,19 +94,32 @@ def show(
 
 def _table(source: str, frame: pd.DataFrame) -> Table:
     table = Table(title=f"{source}: {len(frame)} fleets, each at its best layout")
-    heads = ["fleet", "accelerator", "GPUs", "layout", "step s", "MFU", "days", "run days", "goodput", "$M", "MWh"]
+    heads = ["fleet", "accelerator", "GPUs", "layout", "step s", "MFU", "days", "run days", "goodput", "$M", "MWh",
+             "published check"]  # fmt: skip
     for head in heads:
         table.add_column(head, justify="left" if head in ("fleet", "accelerator", "layout") else "right")
     for r in frame.to_dict(orient="records"):
         if not isinstance(r["layout"], str):  # no layout fits (or the fleet is unknown)
             accelerator = r["accelerator"] if isinstance(r["accelerator"], str) else ""
-            table.add_row(r["cluster"], accelerator, "", "cannot run", *[""] * 7)
+            table.add_row(r["cluster"], accelerator, "", "cannot run", *[""] * 8)
             continue
         gpus = f"{r['gpus']:,.0f} of {r['fleet_gpus']:,.0f}"
         step = [gpus, r["layout"], f"{r['step_time_s']:.2f}", f"{r['mfu']:.1%}", f"{r['ideal_days']:.1f}"]
+        checked = _checked(r)
         if r["reason"]:  # the step stands, the whole run does not finish
-            table.add_row(r["cluster"], r["accelerator"], *step, "cannot finish", "", "", "")
+            table.add_row(r["cluster"], r["accelerator"], *step, "cannot finish", "", "", "", checked)
             continue
         table.add_row(r["cluster"], r["accelerator"], *step, f"{r['wall_days']:.1f}", f"{r['goodput']:.1%}",
-                      f"{r['cost_usd'] / 1e6:,.2f}", f"{r['energy_mwh']:,.0f}")  # fmt: skip
+                      f"{r['cost_usd'] / 1e6:,.2f}", f"{r['energy_mwh']:,.0f}", checked)  # fmt: skip
     return table
+
+
+def _checked(r: Mapping[Hashable, Any]) -> str:
+    """The twin's record on published runs of the best plan's kind on the fleet (twin/fidelity.py), in brief: how
+    many, and their mean absolute error."""
+    rows = r.get("published_rows")
+    if not isinstance(rows, (int, float)) or rows != rows:  # no plan (NaN), or an older frame
+        return ""
+    if rows == 0:
+        return "none"
+    return f"{int(rows)} runs, {r['published_mean_abs_error']:.1%}"

@@ -19,14 +19,18 @@ from plan.errors import PlanError
 from plan.limits import DEFAULT_LIMITS, Limits
 from plan.schema import Plan
 from twin.budget import run_limits
+from twin.fidelity import published_fidelity
 from twin.search import front
 from twin.search.engine import Tally
 
 FLEET_COLUMNS = (
     "cluster", "accelerator", "fleet_gpus", "gpus", "layout", "stack", "batch_tokens", "step_time_s", "mfu",
-    "memory_peak_GiB", "ideal_days", "wall_days", "goodput", "cost_usd", "energy_mwh", "reason", "note",
+    "memory_peak_GiB", "ideal_days", "wall_days", "goodput", "cost_usd", "energy_mwh", "published_rows",
+    "published_mean_abs_error", "reason", "note",
 )  # fmt: skip
-"""A fleet row's columns, in the order tables print them."""
+"""A fleet row's columns, in the order tables print them. `published_rows` and `published_mean_abs_error`: the
+twin's record on published runs of the best plan's kind on that fleet's accelerator (twin/fidelity.py; 0 rows
+where none is checked)."""
 
 
 def compare(
@@ -68,6 +72,11 @@ def compare(
             row |= found
         except PlanError as exc:
             row["reason"] = str(exc)
+        best = plans.get(name)
+        if best is not None:
+            record = published_fidelity(best, cluster)
+            row["published_rows"] = record.rows if record else 0
+            row["published_mean_abs_error"] = record.mean_abs_error if record else None
         rows.append(row)
     frame = pd.DataFrame(rows, columns=list(FLEET_COLUMNS))
     for text in ("reason", "note"):  # empty where none (a column no row fills would otherwise be float NaN)
