@@ -245,6 +245,8 @@ def fleet_table(frame: pd.DataFrame) -> pd.DataFrame:
             "wall_days": "days (whole run)",
             "cost_usd": "cost ($M)",
             "energy_mwh": "energy (MWh)",
+            "published_rows": "published runs checked",
+            "published_mean_abs_error": "their mean error",
             "reason": "why it cannot run",
             "note": "note",
         }
