@@ -138,6 +138,8 @@ def test_the_command_prints_json_and_refuses_bad_input() -> None:
     data = json.loads(out.stdout)
     assert len(data["top"]) == 2 and data["top"][0]["objective"] <= data["top"][1]["objective"]
     assert data["top"][0]["beats_next_by"] and data["tally"]["simulated"] >= 2
+    text = runner.invoke(app, args[:-1])  # the tables end with the record of the best plan's kind
+    assert text.exit_code == 0 and "checked on: " in text.stdout and "published H100 SXM5 80GB" in text.stdout
     for bad, says in (
         (["search", "llama3-8b"], "--cluster"),
         (["search", "llama3-8b", "--cluster", "dgx-h100-superpod", "--objective", "speed"], "--objective"),

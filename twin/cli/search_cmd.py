@@ -11,8 +11,10 @@ from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from plan.errors import PlanError
+from twin import api
 from twin.cli import fleet_cmd
 from twin.cli.options import JsonOpt, LimitOpt, SetOpt, console, emit_json, err_console, limits_from, styled
+from twin.fidelity import record_line
 from twin.outputs import output_file
 from twin.search import front
 from twin.search.engine import OBJECTIVES, Candidate, SearchResult, Tally, why_better
@@ -107,6 +109,9 @@ def _show(result: SearchResult, notes: tuple[str, ...], csv: Path | None) -> Non
         console.print(styled(("the plan as given: ", "bold"), f"{given.label}, {step}"))
     elif isinstance(result.given, str):
         console.print(styled(("the plan as given cannot run: ", "bold red"), result.given))
+    if result.top:
+        first = result.top[0].plan
+        console.print(styled(("checked on: ", "dim"), record_line(first, api.cluster_of(first))))
     t = result.tally
     console.print(styled(("searched: ", "dim"), f"{t.shapes:,} layouts; {t.pruned:,} pruned by bound, "
                          f"{t.over_memory:,} trades over memory, {t.invalid:,} invalid, {t.simulated:,} simulated"
