@@ -20,7 +20,6 @@ from plan.errors import PlanError
 from twin import api, fit
 from twin.calibrate.report import phase_figure, read_rows, step_figure
 from twin.dashboard import figures, sidebar
-from twin.fidelity import record_line
 from twin.step.predict import PredictOptions, StepPrediction
 
 st.set_page_config(page_title="ClusterTwin", layout="wide")
@@ -185,8 +184,7 @@ def step_tab(data: dict[str, Any]) -> None:
         col.metric(name, value)
     if not pred.fits:
         st.warning(pred.memory.reason)
-    plan = api.load_plan(data)
-    st.caption(f"Checked on: {record_line(plan, api.cluster_of(plan))}")
+    st.caption(f"Checked on: {api.published_fidelity(data).line}")
     left, right = st.columns(2)
     left.subheader("where the step goes")
     left.plotly_chart(figures.breakdown_bar(pred), width="stretch")

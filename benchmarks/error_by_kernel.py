@@ -24,8 +24,6 @@ from __future__ import annotations
 import json
 import math
 import sys
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -35,22 +33,9 @@ from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script: the repo root
 
-from benchmarks.published import (
-    DGXC_GROK_H100,
-    DGXC_H100,
-    LLAMA3_TABLE_4,
-    MCORE_H100,
-    dgxc_plan,
-    grok_plan,
-    llama_plan,
-    mcore_plan,
-    mcore_tflops,
-)
-from benchmarks.published_nemotron import NEMOTRON_H100, nemotron_plan
+from benchmarks.published_figures import TABLES, Row
 from plan import loader
 from plan.cluster import Cluster
-from plan.model_math import model_flops_per_token
-from plan.schema import Plan
 from twin.step.predict import predict
 
 SLOWER = 1.01
@@ -72,16 +57,6 @@ SUBSETS = {
 }
 """The rows each fit reads: the recipes whose every setting is published, then with the tables whose layouts are
 partly deduced (Megatron-Core's micro-batch and interleaving, Llama 3's kernels)."""
-
-
-@dataclass(frozen=True)
-class Case:
-    table: str
-    label: str
-    plan: Plan
-    dtype: str
-    published_step: Callable[[Cluster], float]
-    """Seconds per step the published figure implies (the Llama rows' MFU needs the cluster's peak)."""
 
 
 def _slower(cluster: Cluster, kind: str) -> Cluster:
@@ -111,56 +86,20 @@ def _slower(cluster: Cluster, kind: str) -> Cluster:
     return cluster.model_copy(update={"compute": eff.model_copy(update=update)})
 
 
-def _fixed(seconds: float) -> Callable[[Cluster], float]:
-    return lambda _cluster: seconds
-
-
-def _llama_step(plan: Plan, mfu: float) -> Callable[[Cluster], float]:
-    def step(cluster: Cluster) -> float:
-        peak = cluster.accelerator.peak_tflops["bf16"] * 1e12
-        return plan.tokens_per_step * model_flops_per_token(plan.model) / (mfu * plan.layout.world_size * peak)
-
-    return step
-
-
-def cases() -> list[Case]:
-    out = []
-    for r in DGXC_H100:
-        label = f"{r.model} {r.dtype}, {r.gpus:,} GPUs"
-        out.append(Case("dgxc-h100", label, dgxc_plan(r), r.dtype, _fixed(r.step_s)))
-    for g in DGXC_GROK_H100:
-        for dtype, published in (("bf16", g.bf16_s), ("fp8", g.fp8_s)):
-            label = f"grok-1 {g.layers}L {dtype}, {g.gpus:,} GPUs"
-            out.append(Case("dgxc-h100-moe", label, grok_plan(g, dtype), dtype, _fixed(published)))
-    for n in NEMOTRON_H100:
-        out.append(Case("dgxc-h100-nemotron", f"{n.model} {n.dtype}, {n.gpus:,} GPUs", nemotron_plan(n), n.dtype,
-                        _fixed(n.step_s)))  # fmt: skip
-    for m in MCORE_H100:
-        published = mcore_tflops(m, 1.0) / m.tflops  # Megatron-Core's FLOPs over the published TFLOP/s
-        out.append(Case("mcore-h100", f"GPT {m.name}, {m.tp * m.pp * m.dp:,} GPUs", mcore_plan(m), "bf16",
-                        _fixed(published)))  # fmt: skip
-    for row in LLAMA3_TABLE_4:
-        plan = llama_plan(row)
-        label = f"Llama 3 405B, {row.gpus:,} GPUs, CP{row.cp}"
-        out.append(Case("llama3-table4", label, plan, "bf16", _llama_step(plan, row.mfu)))
-    return out
-
-
-def measure(case: Case) -> dict[str, Any]:
-    cluster = loader.plan_cluster(case.plan)
-    step = predict(case.plan, cluster).step_time_s
+def measure(table: str, row: Row) -> dict[str, Any]:
+    """One published row (benchmarks/published_figures.py, with its plan): its error and the step's shares."""
+    plan = row["plan"]
+    cluster = loader.plan_cluster(plan)
+    step = predict(plan, cluster).step_time_s
     shares = {
-        kind: math.log(predict(case.plan, _slower(cluster, kind)).step_time_s / step) / math.log(SLOWER)
-        for kind in CLASSES
+        kind: math.log(predict(plan, _slower(cluster, kind)).step_time_s / step) / math.log(SLOWER) for kind in CLASSES
     }
-    published = case.published_step(cluster)
     return {
-        "table": case.table,
-        "row": case.label,
-        "dtype": case.dtype,
+        "table": table,
+        "row": row["what"],
+        "dtype": plan.training.dtype,
         "predicted_step_s": step,
-        "published_step_s": published,
-        "error": published / step - 1,  # the twin's throughput over the published, less one
+        "error": row["error"],  # the twin's figure over the published, less one (more is better in every table)
         **shares,
         "rest": 1 - sum(shares.values()),
     }
@@ -197,7 +136,8 @@ def fit(rows: list[dict[str, Any]], names: tuple[str, ...]) -> dict[str, Any]:
 
 def main() -> None:
     console = Console()
-    rows = [measure(c) for c in cases()]
+    tables = sorted({t for names in SUBSETS.values() for t in names})
+    rows = [measure(t, r) for t in tables for r in TABLES[t]() if "plan" in r]
     table = Table(title="H100 rows: the twin's throughput error and the step's share by kernel class")
     for col in ("row", "error", "GEMM", "attention", "element-wise", "rest"):
         table.add_column(col, justify="left" if col == "row" else "right")

@@ -35,7 +35,7 @@ from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script: the repo root
 
-from benchmarks.published import MCORE_H100, McoreRow, mcore_plan, mcore_tflops, mcore_virtual_stages
+from benchmarks.published import MCORE_H100, McoreRow, mcore_plan, mcore_tflops, mcore_virtual_stages, vp_label
 from twin import api
 
 STRONG_SCALING = ((2, 0.47), (48, 0.44), (96, 0.42))
@@ -45,11 +45,6 @@ STRONG_SCALING = ((2, 0.47), (48, 0.44), (96, 0.42))
 STRONG_BATCH = 1152
 
 
-def _vp(row: McoreRow) -> str:
-    virtual = mcore_virtual_stages(row)
-    return f" VP{virtual}" if virtual > 1 else ""
-
-
 def row_budget(row: McoreRow) -> dict[str, Any]:
     pred = api.predict(mcore_plan(row))
     b = pred.breakdown_s
@@ -57,7 +52,7 @@ def row_budget(row: McoreRow) -> dict[str, Any]:
     busy = b["compute"] + b["tp_comm"] + b["bubble"]
     return {
         "row": row.name,
-        "layout": f"TP{row.tp} PP{row.pp} DP{row.dp}" + _vp(row),
+        "layout": f"TP{row.tp} PP{row.pp} DP{row.dp}" + vp_label(mcore_virtual_stages(row)),
         "published_s": published_s,
         "predicted_s": pred.step_time_s,
         "compute_s": b["compute"],

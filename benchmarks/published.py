@@ -53,6 +53,11 @@ def _cluster(name: str, gpus: int, catalogue_gpus: int) -> dict[str, Any]:
     return {"name": name, "overrides": {"nodes": nodes} if gpus > catalogue_gpus else {}}
 
 
+def vp_label(virtual: int) -> str:
+    """A layout label's interleaving suffix: " VP4", or nothing where the schedule is not interleaved."""
+    return f" VP{virtual}" if virtual > 1 else ""
+
+
 def _gpt(layers: int, hidden: int, heads: int, vocab: int, seq: int, tied: bool) -> dict[str, Any]:
     """A GPT of the Megatron papers: 4h GeLU MLP, multi-head attention, LayerNorm, biases."""
     return {
@@ -174,7 +179,8 @@ def mcore_virtual_stages(row: McoreRow) -> int:
     ("Overlap P2P communication is disabled if not using the interleaved schedule", megatron/training/arguments.py).
     The figures agree (benchmarks/mcore_budget.py): the strong-scaling point of 42% at 4,608 GPUs (12 microbatches a
     pipeline) is out of reach of the non-interleaved 1F1B's 5/12 bubble, and so is the 462B row, whose compute, TP
-    and 15/64 bubble alone already outlast its published step."""
+    and 15/64 bubble alone already outlast its published step. One layer per virtual stage is the smallest bubble
+    119B and 462B allow: of the interleavings they could have run, the most optimistic."""
     per_rank = row.layers // row.pp
     if row.pp == 1:
         return 1

@@ -42,6 +42,7 @@ from benchmarks.published import (
     mcore_virtual_stages,
     narayanan_plan,
     narayanan_tflops,
+    vp_label,
 )
 from benchmarks.published_mpt import MPT_A100, MPT_A100_40GB, SOURCE_40GB, MptRow, mpt_plan, mpt_tokens_per_gpu
 from benchmarks.published_mpt import SOURCE as MPT_SOURCE
@@ -97,8 +98,7 @@ def mcore_rows() -> list[Row]:
     for r in MCORE_H100:
         plan = mcore_plan(r)
         step = predict(plan).step_time_s
-        vp = mcore_virtual_stages(r)
-        layout = f"TP{r.tp} PP{r.pp}" + (f" VP{vp}" if vp > 1 else "")
+        layout = f"TP{r.tp} PP{r.pp}" + vp_label(mcore_virtual_stages(r))
         what = f"GPT {r.name}, {r.tp * r.pp * r.dp:,} H100, {layout}: TFLOP/s per GPU"
         out.append(_row(what, r.tflops, mcore_tflops(r, step), "Megatron-Core r0.8.0 README (f2e5db402c)", plan=plan))
     return out
@@ -132,7 +132,7 @@ def dgxc_rows() -> list[Row]:
     for r in DGXC_H100:
         plan = dgxc_plan(r)
         step = predict(plan).step_time_s
-        tp = f"TP{r.tp} PP{r.pp} CP{r.cp}" + (f" VP{r.virtual}" if r.virtual > 1 else "")
+        tp = f"TP{r.tp} PP{r.pp} CP{r.cp}" + vp_label(r.virtual)
         what = f"{r.model} {r.dtype}, {r.gpus:,} H100, {tp}: tokens/s per GPU"
         kind = "fit" if r.dtype == "bf16" else "validation"
         source = "NVIDIA/dgxc-benchmarking v25.02 (NeMo 24.12)"
@@ -147,7 +147,7 @@ def grok_rows() -> list[Row]:
         for dtype, published in (("bf16", r.bf16_s), ("fp8", r.fp8_s)):
             plan = grok_plan(r, dtype)
             step = predict(plan).step_time_s
-            layout = f"TP{r.tp} PP{r.pp} CP{r.cp} EP{r.ep}" + (f" VP{r.virtual}" if r.virtual > 1 else "")
+            layout = f"TP{r.tp} PP{r.pp} CP{r.cp} EP{r.ep}" + vp_label(r.virtual)
             what = f"grok-1 {r.layers}L {dtype}, {r.gpus:,} H100, {layout}: tokens/s per GPU"
             source = "NVIDIA/dgxc-benchmarking v25.02 (NeMo 24.12), grok1/README_314b.md"
             out.append(_tokens_per_gpu_row(what, r.seq * r.batch / r.gpus, published, step, source, plan=plan))
@@ -200,8 +200,10 @@ def _tokens_per_gpu_row(
 def _row(
     what: str, published: float, predicted: float, source: str, kind: str = "validation", plan: Plan | None = None
 ) -> Row:
-    """One figure; a training run's carries its plan's class (twin.fidelity.plan_class), which
-    twin/published_fidelity.json groups its errors by."""
+    """One figure; every `error` is the twin's figure over the published, less one, of a figure where more is
+    better (throughput, TFLOP/s, MFU, bus bandwidth), so a positive error is an optimistic twin. A training run's
+    row carries its plan (`plan`, left out of the JSON; benchmarks/error_by_kernel.py predicts it again) and the
+    plan's class (twin.fidelity.plan_class), which twin/published_fidelity.json groups its errors by."""
     row: Row = {
         "what": what,
         "published": published,
@@ -212,7 +214,13 @@ def _row(
     }
     if plan is not None:
         row["class"] = plan_class(plan, load_plan_cluster(plan))
+        row["plan"] = plan
     return row
+
+
+def serialisable(row: Row) -> Row:
+    """The row as benchmarks/results/published_figures.json holds it: without its plan."""
+    return {k: v for k, v in row.items() if k != "plan"}
 
 
 TABLES: dict[str, Callable[[], list[Row]]] = {
@@ -251,7 +259,11 @@ def main() -> None:
     for name, build in TABLES.items():
         t0 = time.perf_counter()
         rows = sorted(build(), key=lambda r: -abs(r["error"]))  # the bad rows first
-        results[name] = {**summary(rows), "figures": rows, "seconds": time.perf_counter() - t0}
+        results[name] = {
+            **summary(rows),
+            "figures": [serialisable(r) for r in rows],
+            "seconds": time.perf_counter() - t0,
+        }
         s = results[name]
         title = f"{name}: mean |error| {s['mean_abs_error']:.1%}, worst {s['worst_abs_error']:.1%} ({s['rows']} rows)"
         if "fit_rows" in s and "validation_rows" in s:

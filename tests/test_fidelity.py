@@ -1,18 +1,20 @@
-"""A prediction's record on published runs of its kind (twin/fidelity.py): the grouping, the lookup, and what the
-command line shows. That the committed file matches today's tables is tests/test_published.py's."""
+"""A prediction's record on published runs of its kind (twin/fidelity.py): the grouping, the lookup, when no record
+applies and why, and what the command line shows. That the committed file matches today's tables is
+tests/test_published.py's."""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from twin import api
+from twin import api, fidelity
 from twin.cli.app import app
-from twin.fidelity import published_fidelity, record_line, summarise
+from twin.fidelity import summarise
 
 H100_DENSE = {"accelerator": "H100 SXM5 80GB", "precision": "16-bit", "moe": False}
 H100_MOE = {**H100_DENSE, "moe": True}
@@ -23,6 +25,15 @@ def _row(what: str, error: float, cls: dict[str, Any] | None, kind: str = "valid
     if cls is not None:
         row["class"] = cls
     return row
+
+
+def _strict(text: str) -> Any:
+    """JSON as strict parsers (jq, browsers) read it: NaN and Infinity are not JSON."""
+
+    def refuse(name: str) -> None:
+        raise ValueError(f"{name} is not JSON")
+
+    return json.loads(text, parse_constant=refuse)
 
 
 def test_groups_hold_validation_rows_only_and_the_worst_group_comes_first() -> None:
@@ -45,30 +56,68 @@ def test_groups_hold_validation_rows_only_and_the_worst_group_comes_first() -> N
 
 
 def test_a_plan_finds_its_group_and_a_precision_or_accelerator_without_one_finds_none() -> None:
-    plan = api.load_plan("llama3-405b-16k")
-    found = published_fidelity(plan, api.cluster_of(plan))
+    checked = api.published_fidelity("llama3-405b-16k")
+    found = checked.found
     assert found is not None
     assert (found.accelerator, found.precision, found.moe) == ("H100 SXM5 80GB", "16-bit", False)
     assert found.rows >= 20 and found.mean_abs_error < found.p90_abs_error
-    assert record_line(plan, api.cluster_of(plan)) == found.describe()
-    fp8 = api.load_plan("llama3-405b-16k", ["training.dtype=fp8"])
-    got = published_fidelity(fp8, api.cluster_of(fp8))
-    assert got is not None and got.precision == "fp8" and got.rows != found.rows
-    b200 = api.load_plan("gpt-1b-h100", ["cluster=hgx-b200-superpod"])
-    assert published_fidelity(b200, api.cluster_of(b200)) is None
-    assert "no published" in record_line(b200, api.cluster_of(b200))
-    assert "datasheets" in record_line(b200, api.cluster_of(b200))
-    cpu = api.load_plan("cpu-tiny")
-    assert "twin calibrate" in record_line(cpu, api.cluster_of(cpu))
+    assert checked.line == found.describe()
+    fp8 = api.published_fidelity(api.load_plan("llama3-405b-16k", ["training.dtype=fp8"])).found
+    assert fp8 is not None and fp8.precision == "fp8" and fp8.rows != found.rows
+    b200 = api.published_fidelity(api.load_plan("gpt-1b-h100", ["cluster=hgx-b200-superpod"]))
+    assert b200.found is None and "no published B200" in b200.line and "datasheets" in b200.line
+    assert "twin calibrate" in api.published_fidelity("cpu-tiny").line
 
 
-def test_predict_shows_the_record_and_puts_it_in_its_json() -> None:
+@pytest.mark.parametrize(
+    ("what_if", "named"),
+    [
+        ({"compute.gemm_peak_fraction.bf16": 0.3}, "compute.gemm_peak_fraction.bf16"),
+        ({"accelerator.peak_tflops.bf16": 500}, "accelerator.peak_tflops.bf16"),
+    ],
+)
+def test_what_ifs_on_the_kernels_quote_no_record(what_if: dict[str, Any], named: str) -> None:
+    checked = api.published_fidelity(_on_h100(what_if))
+    assert checked.found is None and named in checked.line
+    assert api.published_fidelity(_on_h100({"nodes": 4})).found is not None  # a smaller fleet is the same kind
+    assert api.published_fidelity(_on_h100({"accelerator.hbm_GB": 96})).found is not None  # no kernel is faster
+
+
+def _on_h100(what_if: dict[str, Any]) -> Any:
+    """gpt-1b-h100 on the DGX H100 SuperPOD with a what-if on the cluster."""
+    data = api.load_plan("gpt-1b-h100").model_dump(mode="json")
+    return api.load_plan({**data, "cluster": {"name": "dgx-h100-superpod", "overrides": what_if}})
+
+
+def test_a_calibrated_profile_quotes_its_calibration() -> None:
+    calibrated = sorted((Path(__file__).resolve().parent.parent / "topologies" / "calibrated").glob("*.yaml"))
+    assert calibrated, "the repo ships calibrated profiles"
+    plan = api.load_plan("cpu-tiny", [f"cluster=calibrated/{calibrated[0].stem}"])
+    checked = api.published_fidelity(plan)
+    assert checked.found is None and "calibrated profile" in checked.line
+
+
+def test_a_missing_record_file_says_so(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setattr(fidelity, "FILE", tmp_path / "gone.json")
+    fidelity._groups.cache_clear()
+    try:
+        checked = api.published_fidelity("llama3-405b-16k")
+        assert checked.found is None and "gone.json is missing" in checked.line and "datasheets" not in checked.line
+    finally:
+        fidelity._groups.cache_clear()
+
+
+def test_predict_and_search_show_the_record_and_put_it_in_their_json() -> None:
     runner = CliRunner()
     text = runner.invoke(app, ["predict", "gpt-1b-h100"])
     assert text.exit_code == 0, text.output
     assert "checked on" in text.stdout and "published H100 SXM5 80GB" in text.stdout
-    obj = json.loads(runner.invoke(app, ["predict", "gpt-1b-h100", "--json"]).stdout)
-    record = obj["published_fidelity"]
-    assert record["accelerator"] == "H100 SXM5 80GB" and record["rows"] > 0
-    cpu = json.loads(runner.invoke(app, ["predict", "cpu-tiny", "--json"]).stdout)
-    assert cpu["published_fidelity"] is None
+    record = _strict(runner.invoke(app, ["predict", "gpt-1b-h100", "--json"]).stdout)["published_fidelity"]
+    assert record["group"]["accelerator"] == "H100 SXM5 80GB" and record["group"]["rows"] > 0
+    assert record["line"].startswith(f"{record['group']['rows']} published")
+    cpu = _strict(runner.invoke(app, ["predict", "cpu-tiny", "--json"]).stdout)["published_fidelity"]
+    assert cpu["group"] is None and "twin calibrate" in cpu["line"]
+    args = ["search", "llama3-8b", "--cluster", "dgx-h100-superpod", "--gpus", "8", "--batch-tokens", "524288",
+            "--top", "1", "--workers", "1", "--fix", "layout.cp=1", "--json"]  # fmt: skip
+    found = _strict(runner.invoke(app, args).stdout)["published_fidelity"]
+    assert found["group"]["accelerator"] == "H100 SXM5 80GB"

@@ -44,17 +44,29 @@ def test_each_fleet_row_carries_the_record_of_its_best_plans_kind(table: object)
     rows = table.set_index("cluster")  # type: ignore[attr-defined]
     plans = table.attrs["plans"]  # type: ignore[attr-defined]
     for name in ("dgx-h100-superpod", "dgx-a100-superpod"):
-        record = api.published_fidelity(plans[name])
+        record = api.published_fidelity(plans[name]).found
         assert record is not None and record.accelerator == loader.load_cluster(name).accelerator.name
         assert rows.loc[name, "published_rows"] == record.rows > 0
         assert rows.loc[name, "published_mean_abs_error"] == pytest.approx(record.mean_abs_error)
-    text = CliRunner().invoke(app, ["fleet", MODEL, "--clusters", "dgx-h100-superpod,hgx-b200-superpod",
-                                    "--gpus", "16", "--batch-tokens", str(2**20), "--fix", "layout.cp=1"])  # fmt: skip
+    args = ["fleet", MODEL, "--clusters", "dgx-h100-superpod,hgx-b200-superpod,no-such", "--gpus", "16",
+            "--batch-tokens", str(2**20), "--fix", "layout.cp=1"]  # fmt: skip
+    text = CliRunner().invoke(app, args)
     assert text.exit_code == 0, text.output
     b200 = next(line for line in text.stdout.splitlines() if "hgx-b200-superpod" in line)
     h100 = next(line for line in text.stdout.splitlines() if "dgx-h100-superpod" in line)
     assert "published check" in text.stdout and b200.rstrip(" │").endswith("none")  # no B200 run is checked
     assert f"{int(rows.loc['dgx-h100-superpod', 'published_rows'])} runs" in h100
+    # as JSON: a figure a fleet lacks is null, not NaN (which jq and browsers refuse), and counts are whole numbers
+    data = json.loads(CliRunner().invoke(app, [*args, "--json"]).stdout, parse_constant=_refuse)
+    by_name = {f["cluster"]: f for f in data["fleets"]}
+    assert by_name["hgx-b200-superpod"]["published_rows"] == 0
+    assert by_name["hgx-b200-superpod"]["published_mean_abs_error"] is None
+    assert by_name["no-such"]["step_time_s"] is None and by_name["no-such"]["published_rows"] is None
+    assert isinstance(by_name["dgx-h100-superpod"]["published_rows"], int)
+
+
+def _refuse(name: str) -> None:
+    raise ValueError(f"{name} is not JSON")
 
 
 def test_a_fleet_that_cannot_run_says_why_and_the_others_stay(table: object) -> None:

@@ -44,8 +44,8 @@ from plan.schema import Plan
 from twin import fit
 from twin.budget import check_step, run_step_actions
 from twin.cli.launch import DEFAULT_TIMEOUT_S, Launch, launch, parse_nnodes
-from twin.fidelity import Fidelity
-from twin.fidelity import published_fidelity as _published_fidelity
+from twin.fidelity import Record
+from twin.fidelity import record as _record
 from twin.outputs import output_dir
 from twin.run import summary as run_summary
 from twin.run.budget import check_runs, seed_list_of
@@ -90,10 +90,11 @@ def cluster_of(plan: PlanLike) -> Cluster:
     return loader.plan_cluster(load_plan(plan))
 
 
-def published_fidelity(plan: PlanLike) -> Fidelity | None:
-    """The twin's record on published runs of the plan's kind (accelerator, precision, MoE; twin/fidelity.py)."""
+def published_fidelity(plan: PlanLike) -> Record:
+    """The twin's record on published runs of the plan's kind (accelerator, precision, MoE; twin/fidelity.py):
+    `found`, the group, or None; `line`, what to show either way."""
     p = load_plan(plan)
-    return _published_fidelity(p, loader.plan_cluster(p))
+    return _record(p, loader.plan_cluster(p))
 
 
 def cluster_what_if(plan: PlanLike) -> tuple[Cluster, WhatIf]:

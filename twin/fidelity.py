@@ -3,9 +3,9 @@
 benchmarks/published_figures.py predicts every row of the published tables it holds (README, Fidelity) and writes,
 beside its results, twin/published_fidelity.json: the rows no fit used, grouped by accelerator, precision and
 whether the model is a mixture of experts, with their mean and 90th-percentile absolute error, how many the twin
-over-predicts, and the worst. `published_fidelity` finds a plan's group, so that a prediction can say what its kind
-of prediction has been worth; a plan on an accelerator or precision no published run checks gets none, and the
-command line says that its figures rest on datasheets and kernel benchmarks alone.
+over-predicts, and the worst. `record` finds a plan's group, so that a prediction can say what its kind of
+prediction has been worth, and says why where none applies: no published run of the kind (its figures rest on
+datasheets and kernel benchmarks alone), a calibrated profile, or what-ifs that change the figures the runs checked.
 """
 
 from __future__ import annotations
@@ -101,33 +101,50 @@ def summarise(tables: Mapping[str, Iterable[Mapping[str, Any]]]) -> list[dict[st
 
 
 @functools.cache
-def _groups() -> tuple[Fidelity, ...]:
+def _groups() -> tuple[Fidelity, ...] | None:
+    """The committed groups; None where the file is missing (a broken install or checkout)."""
     if not FILE.exists():
-        return ()
+        return None
     data = json.loads(FILE.read_text())
     return tuple(Fidelity(**{**g, "tables": tuple(g["tables"])}) for g in data["groups"])
 
 
-def published_fidelity(plan: Plan, cluster: Cluster) -> Fidelity | None:
-    """The twin's record on published runs of the plan's kind (`plan_class`), or None where none was checked."""
-    want = plan_class(plan, cluster)
-    return next(
-        (
-            g
-            for g in _groups()
-            if (g.accelerator, g.precision, g.moe) == (want["accelerator"], want["precision"], want["moe"])
-        ),
-        None,
-    )
+UNCHECKED_WHAT_IFS = ("accelerator.", "compute.")
+"""What-if paths that change the kernel figures the published runs checked (a swap to a named chip, `accelerator:
+NAME`, is that chip's record; the memory and power fields change no speed)."""
+
+SPEED_NEUTRAL = frozenset({"accelerator.hbm_GB", "accelerator.device_memory_GiB", "accelerator.tdp_W"})
 
 
-def record_line(plan: Plan, cluster: Cluster) -> str:
-    """One line for a prediction's readers: the record of its kind, or that no published run of its kind is
-    checked."""
-    found = published_fidelity(plan, cluster)
-    if found is not None:
-        return found.describe()
+@dataclass(frozen=True)
+class Record:
+    """What a prediction can say of its kind's published record: the group (`found`), or none and why (`line`)."""
+
+    found: Fidelity | None
+    line: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"line": self.line, "group": self.found.to_json() if self.found else None}
+
+
+def record(plan: Plan, cluster: Cluster) -> Record:
+    """The twin's record on published runs of the plan's kind (`plan_class`). None is found where the cluster is a
+    calibrated profile (its record is the calibration's report), where its what-ifs change the accelerator's or
+    the kernels' figures, where no published run of the kind is checked, or where the record file is missing."""
     kind = _kind(**plan_class(plan, cluster))
+    changed = sorted(k for k in plan.cluster.overrides if k.startswith(UNCHECKED_WHAT_IFS) and k not in SPEED_NEUTRAL)
+    if cluster.calibration is not None:
+        return Record(None, "a calibrated profile: its record is its calibration's (`twin calibrate`'s report)")
+    if changed:
+        return Record(None, f"what-ifs change the figures the published {kind} runs checked ({', '.join(changed)})")
+    groups = _groups()
+    if groups is None:
+        return Record(None, f"no record: {FILE} is missing (`python benchmarks/published_figures.py` writes it)")
+    want = plan_class(plan, cluster)
+    found = next((g for g in groups if (g.accelerator, g.precision, g.moe) == tuple(want.values())), None)
+    if found is not None:
+        return Record(found, found.describe())
     if cluster.accelerator.kind == "cpu":
-        return f"no published {kind} run is checked; `twin calibrate` on runs of your own is the check"
-    return f"no published {kind} run is checked: its figures rest on datasheets and kernel benchmarks alone"
+        return Record(None, f"no published {kind} run is checked; `twin calibrate` on runs of your own is the check")
+    alone = "its figures rest on datasheets and kernel benchmarks alone"
+    return Record(None, f"no published {kind} run is checked: {alone}")

@@ -83,7 +83,7 @@ def show(
     if csv is not None:
         frame.to_csv(csv, index=False)
     if as_json:
-        emit_json({"fleets": frame.to_dict(orient="records")})
+        emit_json({"fleets": _json_records(frame)})
         return
     console.print(_table(source, frame))
     for rec in frame[frame.reason != ""].to_dict(orient="records"):
@@ -112,6 +112,21 @@ def _table(source: str, frame: pd.DataFrame) -> Table:
         table.add_row(r["cluster"], r["accelerator"], *step, f"{r['wall_days']:.1f}", f"{r['goodput']:.1%}",
                       f"{r['cost_usd'] / 1e6:,.2f}", f"{r['energy_mwh']:,.0f}", checked)  # fmt: skip
     return table
+
+
+COUNTS = ("fleet_gpus", "gpus", "published_rows")
+"""Columns of whole numbers that pandas holds as floats once a row lacks them."""
+
+
+def _json_records(frame: pd.DataFrame) -> list[dict[Hashable, Any]]:
+    """The rows as JSON takes them: a figure a row lacks as null (pandas holds it as NaN, which JSON has no word for
+    and strict parsers refuse), counts as integers."""
+    records = frame.astype(object).where(frame.notna(), None).to_dict(orient="records")
+    for r in records:
+        for col in COUNTS:
+            if isinstance(r.get(col), float):
+                r[col] = int(r[col])
+    return records
 
 
 def _checked(r: Mapping[Hashable, Any]) -> str:

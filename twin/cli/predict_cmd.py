@@ -21,7 +21,6 @@ from twin.cli.options import (
     limits_from,
     styled,
 )
-from twin.fidelity import published_fidelity, record_line
 from twin.fit import oom_message
 from twin.outputs import output_file
 from twin.step.predict import PredictOptions, StepPrediction
@@ -52,12 +51,11 @@ def predict(
     if not pred.fits:
         warning = oom_message(loaded, api.cluster_of(loaded), pred.memory, allow_hint=False)
         err_console.print(styled(("warning:", "bold yellow"), " ", warning), soft_wrap=True)
-    cluster = api.cluster_of(loaded)
+    checked = api.published_fidelity(loaded)
     if as_json:
-        found = published_fidelity(loaded, cluster)
-        emit_json({**pred.to_json(timeline=timeline), "published_fidelity": found.to_json() if found else None})
+        emit_json({**pred.to_json(timeline=timeline), "published_fidelity": checked.to_json()})
         return
-    show_prediction(pred, trace, record_line(loaded, cluster))
+    show_prediction(pred, trace, checked.line)
 
 
 def _utilisation(pred: StepPrediction) -> str:

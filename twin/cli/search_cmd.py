@@ -14,7 +14,6 @@ from plan.errors import PlanError
 from twin import api
 from twin.cli import fleet_cmd
 from twin.cli.options import JsonOpt, LimitOpt, SetOpt, console, emit_json, err_console, limits_from, styled
-from twin.fidelity import record_line
 from twin.outputs import output_file
 from twin.search import front
 from twin.search.engine import OBJECTIVES, Candidate, SearchResult, Tally, why_better
@@ -89,7 +88,8 @@ def search_command(
         rows = [front.row(c, c.plan.model.seq_len) for c in result.simulated]
         pd.DataFrame(rows).sort_values("objective").to_csv(csv, index=False)
     if as_json:
-        emit_json(front.as_mapping(result, notes))
+        checked = api.published_fidelity(result.top[0].plan).to_json() if result.top else None
+        emit_json({**front.as_mapping(result, notes), "published_fidelity": checked})
         return
     _show(result, notes, csv)
 
@@ -110,8 +110,7 @@ def _show(result: SearchResult, notes: tuple[str, ...], csv: Path | None) -> Non
     elif isinstance(result.given, str):
         console.print(styled(("the plan as given cannot run: ", "bold red"), result.given))
     if result.top:
-        first = result.top[0].plan
-        console.print(styled(("checked on: ", "dim"), record_line(first, api.cluster_of(first))))
+        console.print(styled(("checked on: ", "dim"), api.published_fidelity(result.top[0].plan).line))
     t = result.tally
     console.print(styled(("searched: ", "dim"), f"{t.shapes:,} layouts; {t.pruned:,} pruned by bound, "
                          f"{t.over_memory:,} trades over memory, {t.invalid:,} invalid, {t.simulated:,} simulated"

@@ -19,7 +19,7 @@ from plan.errors import PlanError
 from plan.limits import DEFAULT_LIMITS, Limits
 from plan.schema import Plan
 from twin.budget import run_limits
-from twin.fidelity import published_fidelity
+from twin.fidelity import record
 from twin.search import front
 from twin.search.engine import Tally
 
@@ -74,9 +74,9 @@ def compare(
             row["reason"] = str(exc)
         best = plans.get(name)
         if best is not None:
-            record = published_fidelity(best, cluster)
-            row["published_rows"] = record.rows if record else 0
-            row["published_mean_abs_error"] = record.mean_abs_error if record else None
+            checked = record(best, loader.plan_cluster(best)).found
+            row["published_rows"] = checked.rows if checked else 0
+            row["published_mean_abs_error"] = checked.mean_abs_error if checked else None
         rows.append(row)
     frame = pd.DataFrame(rows, columns=list(FLEET_COLUMNS))
     for text in ("reason", "note"):  # empty where none (a column no row fills would otherwise be float NaN)
