@@ -121,3 +121,13 @@ def test_predict_and_search_show_the_record_and_put_it_in_their_json() -> None:
             "--top", "1", "--workers", "1", "--fix", "layout.cp=1", "--json"]  # fmt: skip
     found = _strict(runner.invoke(app, args).stdout)["published_fidelity"]
     assert found["group"]["accelerator"] == "H100 SXM5 80GB"
+
+
+def test_a_whole_run_names_the_record_of_the_step_it_is_built_on() -> None:
+    runner = CliRunner()
+    one = runner.invoke(app, ["run", "gpt-1b-h100"])
+    assert one.exit_code == 0, one.output
+    assert "step checked on" in one.stdout and "published H100 SXM5 80GB" in one.stdout
+    many = runner.invoke(app, ["run", "cpu-tiny", "--seeds", "2"])
+    assert many.exit_code == 0, many.output
+    assert "step checked on: no published" in many.stdout and "twin calibrate" in many.stdout

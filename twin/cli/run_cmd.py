@@ -83,6 +83,7 @@ def single(plan: Plan, seed: int, as_json: bool, limits: Limits, allow_oom: bool
     for key, label, fmt in FIGURES:
         table.add_row(label, fmt.format(getattr(result, key)))
     table.add_row("interruptions", ", ".join(f"{c} {n}" for c, n in result.interruptions.items()) or "none")
+    table.add_row("step checked on", api.published_fidelity(plan).line)
     console.print(table)
 
 
@@ -101,6 +102,7 @@ def many(plan: Plan, first: int, count: int, as_json: bool, limits: Limits, allo
         table.add_row(label, fmt.format(s["mean"]), fmt.format(s["p5"]), fmt.format(s["p95"]))
     console.print(table)
     console.print("mean interruptions: " + ", ".join(f"{c} {n:.1f}" for c, n in stats["interruptions"].items()))
+    console.print("step checked on: " + api.published_fidelity(plan).line)
 
 
 class SeedProgress:
