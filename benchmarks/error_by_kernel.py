@@ -1,8 +1,9 @@
-"""Where the twin's error on published H100 runs lives, by kernel class — a diagnostic, nothing in it is adopted.
+"""Where the twin's error on published runs lives, by kernel class — a diagnostic, nothing in it is adopted.
 
-For every H100 row of benchmarks/published_figures.py (DGX Cloud dense, Grok-1, Nemotron-4, Megatron-Core r0.8.0,
-Llama 3 Table 4) the predicted step's share in three kernel classes, each found by slowing that class alone by 1%
-through the accelerator's own efficiency fields (a what-if on the cluster; nothing is patched):
+For every training row of benchmarks/published_figures.py (on H100: DGX Cloud dense, Grok-1, Nemotron-4,
+Megatron-Core r0.8.0, Llama 3 Table 4; on A100: Narayanan et al., Megatron-LM's README, MosaicML's MPT) the
+predicted step's share in three kernel classes, each found by slowing that class alone by 1% through the
+accelerator's own efficiency fields (a what-if on the cluster; nothing is patched):
 
 - `gemm`: tensor-core GEMMs at their compute-bound rate (`compute.gemm_peak_fraction`, every dtype);
 - `attention`: the fused attention kernel's measured tables (`compute.attention`);
@@ -16,7 +17,7 @@ The fits are in-sample and several explanations fit the same rows, so they point
 source, not at a constant to fit (issue 13: nothing fitted per row, one constant per accelerator).
 
 Prints the rows and the fits and writes benchmarks/results/error_by_kernel.json.
-Run: `python benchmarks/error_by_kernel.py` (about 20 s).
+Run: `python benchmarks/error_by_kernel.py` (about 30 s).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a scri
 from benchmarks.published_figures import TABLES, Row
 from plan import loader
 from plan.cluster import Cluster
+from twin.fidelity import PRECISION
 from twin.step.predict import predict
 
 SLOWER = 1.01
@@ -45,18 +47,21 @@ CLASSES = ("gemm", "attention", "elementwise")
 
 FITS: dict[str, tuple[str, ...]] = {
     "one constant": ("all",),
-    "GEMM bf16 / GEMM fp8": ("gemm_bf16", "gemm_fp8"),
-    "GEMM bf16 / GEMM fp8 / attention": ("gemm_bf16", "gemm_fp8", "attention"),
-    "GEMM bf16 / GEMM fp8 / attention / element-wise": ("gemm_bf16", "gemm_fp8", "attention", "elementwise"),
+    "GEMM 16-bit / GEMM fp8": ("gemm_16-bit", "gemm_fp8"),
+    "GEMM 16-bit / GEMM fp8 / attention": ("gemm_16-bit", "gemm_fp8", "attention"),
+    "GEMM 16-bit / GEMM fp8 / attention / element-wise": ("gemm_16-bit", "gemm_fp8", "attention", "elementwise"),
 }
-"""Regressors of each fit: a row's share in a class (`all`: the whole step)."""
+"""Regressors of each fit: a row's share in a class (`all`: the whole step; GEMMs by the plan's precision, bf16 and
+fp16 one, as twin/fidelity.py groups them). A regressor no row of a subset has is left out of that subset's fit."""
 
 SUBSETS = {
     "NVIDIA DGX Cloud recipes": ("dgxc-h100", "dgxc-h100-moe", "dgxc-h100-nemotron"),
     "every H100 table": ("dgxc-h100", "dgxc-h100-moe", "dgxc-h100-nemotron", "mcore-h100", "llama3-table4"),
+    "every A100 table": ("narayanan-a100", "megatron-a100-readme", "mpt-a100", "mpt-a100-40gb"),
 }
-"""The rows each fit reads: the recipes whose every setting is published, then with the tables whose layouts are
-partly deduced (Megatron-Core's micro-batch and interleaving, Llama 3's kernels)."""
+"""The rows each fit reads: the H100 recipes whose every setting is published; then with the H100 tables whose
+layouts are partly deduced (Megatron-Core's micro-batch and interleaving, Llama 3's kernels); the A100 tables, whose
+accelerator has no fitted constant."""
 
 
 def _slower(cluster: Cluster, kind: str) -> Cluster:
@@ -109,12 +114,13 @@ def _regressor(row: dict[str, Any], name: str) -> float:
     if name == "all":
         return 1.0
     if name.startswith("gemm_"):
-        return row["gemm"] if row["dtype"] == name.removeprefix("gemm_") else 0.0
+        return row["gemm"] if PRECISION.get(row["dtype"], row["dtype"]) == name.removeprefix("gemm_") else 0.0
     return float(row[name])
 
 
 def fit(rows: list[dict[str, Any]], names: tuple[str, ...]) -> dict[str, Any]:
     """Least squares of each row's log throughput error on its shares: c per class, ± one standard error."""
+    names = tuple(n for n in names if any(_regressor(r, n) for r in rows))  # no fp8 row, no fp8 regressor
     y = np.array([math.log(1 + r["error"]) for r in rows])
     x = np.array([[_regressor(r, n) for n in names] for r in rows])
     coef, *_ = np.linalg.lstsq(x, y, rcond=None)  # a class priced too fast makes its rows optimistic: y > 0
