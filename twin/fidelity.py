@@ -5,7 +5,8 @@ beside its results, twin/published_fidelity.json: the rows no fit used, grouped 
 whether the model is a mixture of experts, with their mean and 90th-percentile absolute error, how many the twin
 over-predicts, and the worst. `record` finds a plan's group, so that a prediction can say what its kind of
 prediction has been worth, and says why where none applies: no published run of the kind (its figures rest on
-datasheets and kernel benchmarks alone), a calibrated profile, or what-ifs that change the figures the runs checked.
+datasheets and kernel benchmarks alone), a calibrated profile, what-ifs that change the figures the runs checked,
+or a missing record file.
 """
 
 from __future__ import annotations
@@ -73,7 +74,8 @@ class Fidelity:
 
 def summarise(tables: Mapping[str, Iterable[Mapping[str, Any]]]) -> list[dict[str, Any]]:
     """The groups of benchmarks/published_figures.py's rows (table name to rows): each validation row that carries
-    its plan's class (`plan_class`), worst group first."""
+    its plan's class (`plan_class`), worst group first. A row's `error` is the twin's figure over the published,
+    less one, of a figure where more is better (throughput, TFLOP/s, MFU), so a positive error is optimistic."""
     groups: dict[tuple[str, str, bool], list[tuple[str, Mapping[str, Any]]]] = {}
     for table, rows in tables.items():
         for row in rows:
