@@ -131,3 +131,26 @@ def test_a_whole_run_names_the_record_of_the_step_it_is_built_on() -> None:
     many = runner.invoke(app, ["run", "cpu-tiny", "--seeds", "2"])
     assert many.exit_code == 0, many.output
     assert "step checked on: no published" in many.stdout and "twin calibrate" in many.stdout
+
+
+def test_the_fidelity_command_lists_every_group_and_a_plans_record(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    runner = CliRunner()
+    groups = fidelity.recorded()
+    assert groups
+    listing = _strict(runner.invoke(app, ["fidelity", "--json"]).stdout)["groups"]
+    assert listing == [g.to_json() for g in groups]
+    text = runner.invoke(app, ["fidelity"])
+    assert text.exit_code == 0 and all(f"{g.mean_abs_error:.1%}" in text.stdout for g in groups)
+    mine = _strict(runner.invoke(app, ["fidelity", "llama3-405b-16k", "--set", "training.dtype=fp8", "--json"]).stdout)
+    want = api.published_fidelity(api.load_plan("llama3-405b-16k", ["training.dtype=fp8"])).to_json()
+    assert {k: mine[k] for k in ("line", "group")} == want and want["group"]["precision"] == "fp8"
+    monkeypatch.setattr(fidelity, "FILE", tmp_path / "gone.json")
+    monkeypatch.setattr("twin.cli.fidelity_cmd.FILE", tmp_path / "gone.json")
+    fidelity._groups.cache_clear()
+    try:
+        gone = runner.invoke(app, ["fidelity"])
+        assert gone.exit_code == 2 and "gone.json is missing" in gone.stderr
+    finally:
+        fidelity._groups.cache_clear()

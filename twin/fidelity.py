@@ -111,6 +111,11 @@ def _groups() -> tuple[Fidelity, ...] | None:
     return tuple(Fidelity(**{**g, "tables": tuple(g["tables"])}) for g in data["groups"])
 
 
+def recorded() -> tuple[Fidelity, ...] | None:
+    """Every group of the record, worst first; None where the file is missing."""
+    return _groups()
+
+
 UNCHECKED_WHAT_IFS = ("accelerator.", "compute.")
 """What-if paths that change the kernel figures the published runs checked (a swap to a named chip, `accelerator:
 NAME`, is that chip's record; the memory and power fields change no speed)."""

@@ -6,6 +6,7 @@ import typer
 
 from twin.cli.calibrate_cmds import bench, calibrate_command, loop
 from twin.cli.execute_cmd import execute
+from twin.cli.fidelity_cmd import fidelity
 from twin.cli.fleet_cmd import fleet_command
 from twin.cli.options import user_errors
 from twin.cli.plan_cmds import presets, schema, show, validate
@@ -29,6 +30,7 @@ app.command()(user_errors(trace))
 app.command("run")(user_errors(run_command))
 app.command("search")(user_errors(search_command))
 app.command("fleet")(user_errors(fleet_command))
+app.command()(user_errors(fidelity))
 app.command()(schema)
 app.command()(presets)
 app.command()(user_errors(execute))
