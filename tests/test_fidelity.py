@@ -16,8 +16,9 @@ from twin import api, fidelity
 from twin.cli.app import app
 from twin.fidelity import summarise
 
-H100_DENSE = {"accelerator": "H100 SXM5 80GB", "precision": "16-bit", "moe": False}
+H100_DENSE = {"accelerator": "H100 SXM5 80GB", "precision": "16-bit", "moe": False, "stack": "nemo-24.12"}
 H100_MOE = {**H100_DENSE, "moe": True}
+ON_MCORE = {**H100_DENSE, "stack": "megatron-core-0.8"}
 
 
 def _row(what: str, error: float, cls: dict[str, Any] | None, kind: str = "validation") -> dict[str, Any]:
@@ -40,7 +41,7 @@ def test_groups_hold_validation_rows_only_and_the_worst_group_comes_first() -> N
     dense = [0.02, -0.10, 0.04, 0.01]
     groups = summarise(
         {
-            "a": [_row(f"dense {i}", e, H100_DENSE) for i, e in enumerate(dense)]
+            "a": [_row(f"dense {i}", e, H100_DENSE if i < 2 else ON_MCORE) for i, e in enumerate(dense)]
             + [_row("fitted", 0.5, H100_DENSE, kind="fit"), _row("bus bandwidth", 0.5, None, kind="consistency")],
             "b": [_row("moe 0", 0.2, H100_MOE), _row("no class", 0.9, None)],
         }
@@ -53,6 +54,14 @@ def test_groups_hold_validation_rows_only_and_the_worst_group_comes_first() -> N
     assert d["p90_abs_error"] == pytest.approx(np.percentile(np.abs(dense), 90))
     assert d["optimistic_rows"] == 3
     assert (d["worst"], d["worst_error"]) == ("dense 1", pytest.approx(-0.10))  # by size, sign kept
+    nemo, mcore = d["stacks"]["nemo-24.12"], d["stacks"]["megatron-core-0.8"]  # the same, stack by stack
+    assert (nemo["rows"], nemo["mean_abs_error"], nemo["worst"]) == (2, pytest.approx(0.06), "dense 1")
+    assert (mcore["rows"], mcore["mean_abs_error"], mcore["worst"]) == (2, pytest.approx(0.025), "dense 2")
+    group = fidelity.Fidelity(**{**d, "tables": tuple(d["tables"])})
+    assert group.describe("megatron-core-0.8").endswith("on megatron-core-0.8: 2 runs, mean |error| 2.5%, worst +4.0%")
+    assert group.describe("executor") == group.describe()  # a stack no row ran adds nothing
+    one = fidelity.Fidelity(**{**moe, "tables": tuple(moe["tables"])})
+    assert one.describe("nemo-24.12") == one.describe()  # one stack: the group's record is its own
 
 
 def test_a_plan_finds_its_group_and_a_precision_or_accelerator_without_one_finds_none() -> None:
@@ -61,7 +70,7 @@ def test_a_plan_finds_its_group_and_a_precision_or_accelerator_without_one_finds
     assert found is not None
     assert (found.accelerator, found.precision, found.moe) == ("H100 SXM5 80GB", "16-bit", False)
     assert found.rows >= 20 and found.mean_abs_error < found.p90_abs_error
-    assert checked.line == found.describe()
+    assert checked.line == found.describe("llama3") and "; on llama3: 3 runs" in checked.line  # Table 4's rows
     fp8 = api.published_fidelity(api.load_plan("llama3-405b-16k", ["training.dtype=fp8"])).found
     assert fp8 is not None and fp8.precision == "fp8" and fp8.rows != found.rows
     b200 = api.published_fidelity(api.load_plan("gpt-1b-h100", ["cluster=hgx-b200-superpod"]))

@@ -219,3 +219,9 @@ def test_published_fidelity_file_is_what_the_tables_give_today(tables: dict[str,
         )
         for field in ("mean_abs_error", "p90_abs_error", "worst_error"):
             assert old[field] == pytest.approx(new[field], rel=1e-9, abs=1e-12), (old["worst"], field)
+        assert old["stacks"].keys() == new["stacks"].keys()
+        for stack, mine in old["stacks"].items():
+            want = new["stacks"][stack]
+            assert (mine["rows"], mine["worst"]) == (want["rows"], want["worst"]), stack
+            for field in ("mean_abs_error", "worst_error"):
+                assert mine[field] == pytest.approx(want[field], rel=1e-9, abs=1e-12), (stack, field)

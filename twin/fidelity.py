@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 import json
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -29,10 +29,20 @@ PRECISION = {"bf16": "16-bit", "fp16": "16-bit", "fp8": "fp8"}
 """bf16 and fp16 run the same tensor-core path, so their rows are one group."""
 
 
+GROUP = ("accelerator", "precision", "moe")
+"""What a group is keyed by; within it, the record of each software stack (`Fidelity.stacks`)."""
+
+
 def plan_class(plan: Plan, cluster: Cluster) -> dict[str, Any]:
-    """The group a plan's predictions are checked in: its accelerator, precision and whether it routes experts."""
+    """The group a plan's predictions are checked in (its accelerator, precision and whether it routes experts), and
+    its software stack."""
     dtype = plan.training.dtype
-    return {"accelerator": cluster.accelerator.name, "precision": PRECISION.get(dtype, dtype), "moe": plan.model.is_moe}
+    return {
+        "accelerator": cluster.accelerator.name,
+        "precision": PRECISION.get(dtype, dtype),
+        "moe": plan.model.is_moe,
+        "stack": plan.stack.name,
+    }
 
 
 def _kind(accelerator: str, precision: str, moe: bool) -> str:
@@ -56,16 +66,26 @@ class Fidelity:
     worst: str
     worst_error: float
     """Signed: the twin's figure over the published, less one."""
+    stacks: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """The same by software stack: rows, mean absolute error, the worst row and its error."""
 
     @property
     def kind(self) -> str:
         return _kind(self.accelerator, self.precision, self.moe)
 
-    def describe(self) -> str:
-        return (
+    def describe(self, stack: str | None = None) -> str:
+        """One line; where the group holds rows of several stacks and `stack` is one of them, its own record too."""
+        line = (
             f"{self.rows} published {self.kind} runs ({len(self.tables)} tables): mean |error| "
             f"{self.mean_abs_error:.1%}, nine in ten within {self.p90_abs_error:.1%}, {self.optimistic_rows} "
             f"optimistic; worst {self.worst_error:+.1%} ({self.worst})"
+        )
+        own = self.stacks.get(stack or "")
+        if own is None or len(self.stacks) < 2:
+            return line
+        return (
+            f"{line}; on {stack}: {own['rows']} runs, mean |error| {own['mean_abs_error']:.1%}, worst "
+            f"{own['worst_error']:+.1%}"
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -82,24 +102,38 @@ def summarise(tables: Mapping[str, Iterable[Mapping[str, Any]]]) -> list[dict[st
             if row.get("kind") == "validation" and "class" in row:
                 c = row["class"]
                 groups.setdefault((c["accelerator"], c["precision"], c["moe"]), []).append((table, row))
-    out = []
-    for (accelerator, precision, moe), members in groups.items():
-        errors = np.array([r["error"] for _, r in members])
-        worst = max(members, key=lambda m: abs(m[1]["error"]))[1]
-        fid = Fidelity(
-            accelerator=accelerator,
-            precision=precision,
-            moe=moe,
-            rows=len(members),
-            tables=tuple(sorted({t for t, _ in members})),
-            mean_abs_error=float(np.mean(np.abs(errors))),
-            p90_abs_error=float(np.percentile(np.abs(errors), 90)),
-            optimistic_rows=int(np.sum(errors > 0)),
-            worst=worst["what"],
-            worst_error=float(worst["error"]),
-        )
-        out.append(fid.to_json())
-    return sorted(out, key=lambda g: -g["mean_abs_error"])
+    return sorted((_group(key, members) for key, members in groups.items()), key=lambda g: -g["mean_abs_error"])
+
+
+def _group(key: tuple[str, str, bool], members: list[tuple[str, Mapping[str, Any]]]) -> dict[str, Any]:
+    accelerator, precision, moe = key
+    by_stack: dict[str, list[Mapping[str, Any]]] = {}
+    for _, row in members:
+        by_stack.setdefault(row["class"].get("stack", ""), []).append(row)
+    stacks = {}
+    for stack, rows in sorted(by_stack.items()):
+        worst_row = max(rows, key=lambda r: abs(r["error"]))
+        stacks[stack] = {
+            "rows": len(rows),
+            "mean_abs_error": float(np.mean([abs(r["error"]) for r in rows])),
+            "worst": worst_row["what"],
+            "worst_error": float(worst_row["error"]),
+        }
+    errors = np.array([r["error"] for _, r in members])
+    worst = max(members, key=lambda m: abs(m[1]["error"]))[1]
+    return Fidelity(
+        accelerator=accelerator,
+        precision=precision,
+        moe=moe,
+        rows=len(members),
+        tables=tuple(sorted({t for t, _ in members})),
+        mean_abs_error=float(np.mean(np.abs(errors))),
+        p90_abs_error=float(np.percentile(np.abs(errors), 90)),
+        optimistic_rows=int(np.sum(errors > 0)),
+        worst=worst["what"],
+        worst_error=float(worst["error"]),
+        stacks=stacks,
+    ).to_json()
 
 
 @functools.cache
@@ -138,7 +172,8 @@ def record(plan: Plan, cluster: Cluster) -> Record:
     """The twin's record on published runs of the plan's kind (`plan_class`). None is found where the cluster is a
     calibrated profile (its record is the calibration's report), where its what-ifs change the accelerator's or
     the kernels' figures, where no published run of the kind is checked, or where the record file is missing."""
-    kind = _kind(**plan_class(plan, cluster))
+    want = plan_class(plan, cluster)
+    kind = _kind(*(want[k] for k in GROUP))
     changed = sorted(k for k in plan.cluster.overrides if k.startswith(UNCHECKED_WHAT_IFS) and k not in SPEED_NEUTRAL)
     if cluster.calibration is not None:
         return Record(None, "a calibrated profile: its record is its calibration's (`twin calibrate`'s report)")
@@ -147,10 +182,9 @@ def record(plan: Plan, cluster: Cluster) -> Record:
     groups = _groups()
     if groups is None:
         return Record(None, f"no record: {FILE} is missing (`python benchmarks/published_figures.py` writes it)")
-    want = plan_class(plan, cluster)
-    found = next((g for g in groups if (g.accelerator, g.precision, g.moe) == tuple(want.values())), None)
+    found = next((g for g in groups if (g.accelerator, g.precision, g.moe) == tuple(want[k] for k in GROUP)), None)
     if found is not None:
-        return Record(found, found.describe())
+        return Record(found, found.describe(want["stack"]))
     if cluster.accelerator.kind == "cpu":
         return Record(None, f"no published {kind} run is checked; `twin calibrate` on runs of your own is the check")
     alone = "its figures rest on datasheets and kernel benchmarks alone"
