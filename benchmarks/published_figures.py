@@ -50,8 +50,9 @@ from benchmarks.published_nemotron import NEMOTRON_H100, SOURCE, nemotron_plan
 from plan.loader import load_cluster
 from plan.loader import plan_cluster as load_plan_cluster
 from plan.schema import Plan
+from twin.cli.fidelity_cmd import groups_table
 from twin.fidelity import FILE as FIDELITY_FILE
-from twin.fidelity import plan_class, summarise
+from twin.fidelity import Fidelity, plan_class, summarise
 from twin.step.collectives import InNetwork, collective_time
 from twin.step.fabric import Fabric
 from twin.step.predict import predict
@@ -280,15 +281,7 @@ def main() -> None:
     out.write_text(json.dumps(results, indent=1) + "\n")
     print(f"wrote {out}")
     groups = fidelity_groups(results)
-    table = Table(title="the validation rows by the class a prediction is checked in (twin/published_fidelity.json)")
-    for col in ("accelerator", "precision", "model", "rows", "mean |error|", "90%", "optimistic", "worst"):
-        table.add_column(col)
-    for g in groups:
-        model = "MoE" if g["moe"] else "dense"
-        errors = f"{g['mean_abs_error']:.1%}", f"{g['p90_abs_error']:.1%}", str(g["optimistic_rows"])
-        worst = f"{g['worst_error']:+.1%} {g['worst']}"
-        table.add_row(g["accelerator"], g["precision"], model, str(g["rows"]), *errors, worst)
-    console.print(table)
+    console.print(groups_table(Fidelity.from_json(g) for g in groups))
     FIDELITY_FILE.write_text(json.dumps({"source": FIDELITY_SOURCE, "groups": groups}, indent=1) + "\n")
     print(f"wrote {FIDELITY_FILE}")
 

@@ -57,10 +57,10 @@ def test_groups_hold_validation_rows_only_and_the_worst_group_comes_first() -> N
     nemo, mcore = d["stacks"]["nemo-24.12"], d["stacks"]["megatron-core-0.8"]  # the same, stack by stack
     assert (nemo["rows"], nemo["mean_abs_error"], nemo["worst"]) == (2, pytest.approx(0.06), "dense 1")
     assert (mcore["rows"], mcore["mean_abs_error"], mcore["worst"]) == (2, pytest.approx(0.025), "dense 2")
-    group = fidelity.Fidelity(**{**d, "tables": tuple(d["tables"])})
+    group = fidelity.Fidelity.from_json(d)
     assert group.describe("megatron-core-0.8").endswith("on megatron-core-0.8: 2 runs, mean |error| 2.5%, worst +4.0%")
     assert group.describe("executor") == group.describe()  # a stack no row ran adds nothing
-    one = fidelity.Fidelity(**{**moe, "tables": tuple(moe["tables"])})
+    one = fidelity.Fidelity.from_json(moe)
     assert one.describe("nemo-24.12") == one.describe()  # one stack: the group's record is its own
 
 

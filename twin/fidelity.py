@@ -91,6 +91,10 @@ class Fidelity:
     def to_json(self) -> dict[str, Any]:
         return {**asdict(self), "tables": list(self.tables)}
 
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Fidelity:
+        return cls(**{**data, "tables": tuple(data["tables"])})
+
 
 def summarise(tables: Mapping[str, Iterable[Mapping[str, Any]]]) -> list[dict[str, Any]]:
     """The groups of benchmarks/published_figures.py's rows (table name to rows): each validation row that carries
@@ -142,7 +146,7 @@ def _groups() -> tuple[Fidelity, ...] | None:
     if not FILE.exists():
         return None
     data = json.loads(FILE.read_text())
-    return tuple(Fidelity(**{**g, "tables": tuple(g["tables"])}) for g in data["groups"])
+    return tuple(Fidelity.from_json(g) for g in data["groups"])
 
 
 def recorded() -> tuple[Fidelity, ...] | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Annotated
 
 import typer
@@ -10,7 +11,7 @@ from rich.table import Table
 from plan.errors import PlanError
 from twin import api
 from twin.cli.options import JsonOpt, SetOpt, console, emit_json, styled
-from twin.fidelity import FILE, recorded
+from twin.fidelity import FILE, Fidelity, recorded
 
 
 def fidelity(
@@ -34,6 +35,12 @@ def fidelity(
     if as_json:
         emit_json({"groups": [g.to_json() for g in groups]})
         return
+    console.print(groups_table(groups))
+    console.print(styled(("tables: ", "dim"), ", ".join(sorted({t for g in groups for t in g.tables}))))
+
+
+def groups_table(groups: Iterable[Fidelity]) -> Table:
+    """The record's groups as a table (`twin fidelity`, and benchmarks/published_figures.py as it writes them)."""
     table = Table(title="the twin against published runs it was not fitted on, worst group first")
     for col in ("accelerator", "precision", "model", "rows", "mean |error|", "9 in 10 within", "optimistic", "worst"):
         table.add_column(col, justify="left" if col in ("accelerator", "precision", "model", "worst") else "right")
@@ -42,5 +49,4 @@ def fidelity(
             g.accelerator, g.precision, "MoE" if g.moe else "dense", str(g.rows), f"{g.mean_abs_error:.1%}",
             f"{g.p90_abs_error:.1%}", str(g.optimistic_rows), f"{g.worst_error:+.1%} {g.worst}",
         )  # fmt: skip
-    console.print(table)
-    console.print(styled(("tables: ", "dim"), ", ".join(sorted({t for g in groups for t in g.tables}))))
+    return table
