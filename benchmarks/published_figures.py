@@ -1,9 +1,10 @@
 """The twin against published figures, row by row, each in its source's own convention, worst rows first.
 
-Tables (benchmarks/published.py, published_nemotron.py, published_mpt.py): nccl-tests bus bandwidth on one node;
-Narayanan et al. 2021 Table 1 (A100, TFLOP/s by the paper's formula); Megatron-Core r0.8.0's H100 table (TFLOP/s by
-Megatron-Core's formula); the Megatron-LM A100 README table (MFU); Llama 3 405B Table 4 (MFU); NVIDIA's DGX Cloud
-recipes (step time, as throughput: Llama 3.1 and GPT-3, Grok-1, Nemotron-4); MosaicML's MPT on A100 under FSDP
+Tables (benchmarks/published.py, published_nemotron.py, published_nemo2407.py, published_mpt.py): nccl-tests bus
+bandwidth on one node; Narayanan et al. 2021 Table 1 (A100, TFLOP/s by the paper's formula); Megatron-Core r0.8.0's
+H100 table (TFLOP/s by Megatron-Core's formula); the Megatron-LM A100 README table (MFU); Llama 3 405B Table 4 (MFU);
+NVIDIA's DGX Cloud recipes (step time, as throughput: Llama 3.1 and GPT-3, Grok-1, Nemotron-4); NeMo 24.07's H100
+fp8 performance summary (tokens/s per GPU); MosaicML's MPT on A100 under FSDP
 (tokens/s per GPU). Each row says its kind: `validation` (the twin was not built from that figure), `consistency` (a
 catalogue number was derived from the same published figure, so agreement only shows the arithmetic is consistent) or
 `fit` (the row is in the table an accelerator's one fitted constant was fitted on). Prints a table per source with
@@ -46,6 +47,8 @@ from benchmarks.published import (
 )
 from benchmarks.published_mpt import MPT_A100, MPT_A100_40GB, SOURCE_40GB, MptRow, mpt_plan, mpt_tokens_per_gpu
 from benchmarks.published_mpt import SOURCE as MPT_SOURCE
+from benchmarks.published_nemo2407 import NEMO_2407_H100, nemo2407_plan, release_gains
+from benchmarks.published_nemo2407 import SOURCE as NEMO_2407_SOURCE
 from benchmarks.published_nemotron import NEMOTRON_H100, SOURCE, nemotron_plan
 from plan.loader import load_cluster
 from plan.loader import plan_cluster as load_plan_cluster
@@ -168,6 +171,19 @@ def nemotron_rows() -> list[Row]:
     return out
 
 
+def nemo2407_rows() -> list[Row]:
+    """NeMo 24.07's DGX-H100 fp8 pre-training rows, tokens per second per GPU (benchmarks/published_nemo2407.py; no
+    fit uses them)."""
+    out = []
+    for r in NEMO_2407_H100:
+        plan = nemo2407_plan(r)
+        step = predict(plan).step_time_s
+        layout = f"TP{r.tp} PP{r.pp} CP{r.cp}" + vp_label(r.virtual) + f", micro-batch {r.microbatch}"
+        what = f"{r.model} fp8 (NeMo 24.07), {r.gpus:,} H100, {layout}: tokens/s per GPU"
+        out.append(_row(what, r.tokens_per_gpu, r.seq * r.batch / r.gpus / step, NEMO_2407_SOURCE, plan=plan))
+    return out
+
+
 def mpt_rows(rows: tuple[MptRow, ...] = MPT_A100, source: str = MPT_SOURCE) -> list[Row]:
     """MosaicML's MPT tokens per second per GPU on A100 under FSDP (benchmarks/published_mpt.py; no fit uses them)."""
     out = []
@@ -233,6 +249,7 @@ TABLES: dict[str, Callable[[], list[Row]]] = {
     "dgxc-h100": dgxc_rows,
     "dgxc-h100-moe": grok_rows,
     "dgxc-h100-nemotron": nemotron_rows,
+    "nemo-24.07-h100": nemo2407_rows,
     "mpt-a100": mpt_rows,
     "mpt-a100-40gb": mpt_40gb_rows,
 }
@@ -276,9 +293,14 @@ def main() -> None:
         for r in rows:
             table.add_row(r["what"], r["kind"], _number(r["published"]), _number(r["predicted"]), f"{r['error']:+.1%}")
         console.print(table)
+    gains = release_gains()
+    print(
+        "NeMo 24.12 over 24.07, published tokens/s per GPU on one layout (fp8): "
+        + ", ".join(f"{row} {g:+.1%}" for row, g in gains)
+    )
     out = Path(__file__).parent / "results" / "published_figures.json"
     out.parent.mkdir(exist_ok=True)
-    out.write_text(json.dumps(results, indent=1) + "\n")
+    out.write_text(json.dumps({**results, "nemo-24.12-over-24.07": dict(gains)}, indent=1) + "\n")
     print(f"wrote {out}")
     groups = fidelity_groups(results)
     console.print(groups_table(Fidelity.from_json(g) for g in groups))

@@ -47,6 +47,9 @@ BOUNDS = {  # table: (mean |error|, worst |error|)
     "dgxc-h100-moe": (0.07, 0.14),
     # validation on recipes nothing was built or fitted on: Nemotron-4 15B and 340B, 16 to 2,048 GPUs
     "dgxc-h100-nemotron": (0.05, 0.10),
+    # validation on an earlier release (NeMo 24.07, fp8) with the 24.12 recipes' settings: +6.7% (Llama 3 8B, which
+    # 24.12 runs 15% faster on the same layout) to -1.4%; two revisions of the page differ by up to 5.5% per row
+    "nemo-24.07-h100": (0.05, 0.10),
     # misses the target: MosaicML's MPT on 8 A100 under FSDP, a table no part of the twin was built or fitted on.
     # Most rows that keep their activations are within 5% from 512 to 8k tokens, but every model is 12-21% slow at
     # 32k-65k (the Triton FlashAttention's only published figure stops at 16k, where it runs 80 TFLOP/s; these rows
