@@ -2,14 +2,15 @@
 
 Tables (benchmarks/published.py, published_nemotron.py, published_nemo2407.py, published_mpt.py): nccl-tests bus
 bandwidth on one node; Narayanan et al. 2021 Table 1 (A100, TFLOP/s by the paper's formula); Megatron-Core r0.8.0's
-H100 table (TFLOP/s by Megatron-Core's formula); the Megatron-LM A100 README table (MFU); Llama 3 405B Table 4 (MFU);
-NVIDIA's DGX Cloud recipes (step time, as throughput: Llama 3.1 and GPT-3, Grok-1, Nemotron-4); NeMo 24.07's H100
-fp8 performance summary (tokens/s per GPU); MosaicML's MPT on A100 under FSDP
-(tokens/s per GPU). Each row says its kind: `validation` (the twin was not built from that figure), `consistency` (a
-catalogue number was derived from the same published figure, so agreement only shows the arithmetic is consistent) or
-`fit` (the row is in the table an accelerator's one fitted constant was fitted on). Prints a table per source with
-mean and worst absolute error (and, beside a fit, the rows left out of it) and writes
-benchmarks/results/published_figures.json. Run: `python benchmarks/published_figures.py`.
+H100 table (TFLOP/s by Megatron-Core's formula); the Megatron-LM A100 README table (MFU); Llama 3 405B Table 4
+(MFU); NVIDIA's DGX Cloud recipes (step time, as throughput: Llama 3.1 and GPT-3, Grok-1, Nemotron-4); NeMo's H100
+fp8 performance summary, 24.07 and its Llama 2 7B rows from 4k to 1M tokens (tokens/s per GPU); MosaicML's MPT on
+A100 under FSDP (tokens/s per GPU). Each row says its kind: `validation` (the twin was not built from that figure),
+`consistency` (a catalogue number was derived from the same published figure, so agreement only shows the arithmetic
+is consistent) or `fit` (the row is in the table an accelerator's one fitted constant was fitted on). Prints a table
+per source with mean and worst absolute error (and, beside a fit, the rows left out of it) and writes
+benchmarks/results/published_figures.json.
+Run: `python benchmarks/published_figures.py`.
 """
 
 from __future__ import annotations
@@ -47,7 +48,8 @@ from benchmarks.published import (
 )
 from benchmarks.published_mpt import MPT_A100, MPT_A100_40GB, SOURCE_40GB, MptRow, mpt_plan, mpt_tokens_per_gpu
 from benchmarks.published_mpt import SOURCE as MPT_SOURCE
-from benchmarks.published_nemo2407 import NEMO_2407_H100, nemo2407_plan, release_gains
+from benchmarks.published_nemo2407 import LONG_SOURCE as NEMO_LONG_SOURCE
+from benchmarks.published_nemo2407 import NEMO_2407_H100, NEMO_LONG_H100, NemoRow, nemo_plan, release_gains
 from benchmarks.published_nemo2407 import SOURCE as NEMO_2407_SOURCE
 from benchmarks.published_nemotron import NEMOTRON_H100, SOURCE, nemotron_plan
 from plan.loader import load_cluster
@@ -174,13 +176,22 @@ def nemotron_rows() -> list[Row]:
 def nemo2407_rows() -> list[Row]:
     """NeMo 24.07's DGX-H100 fp8 pre-training rows, tokens per second per GPU (benchmarks/published_nemo2407.py; no
     fit uses them)."""
+    return _nemo_rows(NEMO_2407_H100, "NeMo 24.07", NEMO_2407_SOURCE)
+
+
+def nemo_long_rows() -> list[Row]:
+    """NeMo 24.03.01's LLAMA2-7B from 4k to 1M tokens under context parallelism (benchmarks/published_nemo2407.py)."""
+    return _nemo_rows(NEMO_LONG_H100, "NeMo 24.03.01", NEMO_LONG_SOURCE, long_sequence=True)
+
+
+def _nemo_rows(rows: tuple[NemoRow, ...], release: str, source: str, long_sequence: bool = False) -> list[Row]:
     out = []
-    for r in NEMO_2407_H100:
-        plan = nemo2407_plan(r)
+    for r in rows:
+        plan = nemo_plan(r, long_sequence)
         step = predict(plan).step_time_s
         layout = f"TP{r.tp} PP{r.pp} CP{r.cp}" + vp_label(r.virtual) + f", micro-batch {r.microbatch}"
-        what = f"{r.model} fp8 (NeMo 24.07), {r.gpus:,} H100, {layout}: tokens/s per GPU"
-        out.append(_row(what, r.tokens_per_gpu, r.seq * r.batch / r.gpus / step, NEMO_2407_SOURCE, plan=plan))
+        what = f"{r.model} fp8 ({release}), seq {r.seq:,}, {r.gpus:,} H100, {layout}: tokens/s per GPU"
+        out.append(_row(what, r.tokens_per_gpu, r.seq * r.batch / r.gpus / step, source, plan=plan))
     return out
 
 
@@ -250,6 +261,7 @@ TABLES: dict[str, Callable[[], list[Row]]] = {
     "dgxc-h100-moe": grok_rows,
     "dgxc-h100-nemotron": nemotron_rows,
     "nemo-24.07-h100": nemo2407_rows,
+    "nemo-long-seq-h100": nemo_long_rows,
     "mpt-a100": mpt_rows,
     "mpt-a100-40gb": mpt_40gb_rows,
 }

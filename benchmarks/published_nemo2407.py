@@ -1,19 +1,30 @@
-"""NVIDIA's NeMo 24.07 performance summary on DGX-H100 in fp8: a validation table from a release half a year before
-the DGX Cloud recipes (NeMo 24.12) that `compute.in_training_fraction` was fitted on, with the same stack.
+"""NVIDIA's NeMo performance summary on DGX-H100 in fp8: two validation tables from releases before the DGX Cloud
+recipes (NeMo 24.12) that `compute.in_training_fraction` was fitted on.
 
-Source: NVIDIA/NeMo docs/source/performance/performance_summary.md at 070a0bb168d405d653b9734c0017cf5078e77c0d
-("Container: NeMo24.07, System: DGX-H100", pre-training at FP8 precision), tokens per second per GPU. Another
-revision of the same page, for the same container, prints different figures for the same rows (GPT3-175B on 128
-GPUs 716, on 512 GPUs 825; LLAMA3-8B 12,273; LLAMA3-70B 1,524; Nemotron-340B 326): the published figures of one
-release move by up to 5.5% between revisions, which bounds what any prediction of them can mean.
+Sources, NVIDIA/NeMo docs/source/performance/performance_summary.md:
 
-Only the rows whose model and recipe the twin already holds are taken (GPT3-175B twice, LLAMA3-8B, LLAMA3-70B,
-Nemotron-340B); GPT3-5B and 20B, Llama 2 and Nemotron 8B and 22B need recipes this repository does not yet carry.
-Each row runs the layout the table prints (GBS, MBS, TP, PP, CP, VP) with the settings of NeMo 24.12's recipe for
-the same model (benchmarks/published.py dgxc_plan, benchmarks/published_nemotron.py nemotron_plan): the 24.07
-recipes are not published beside the table, so the stack is nemo-24.12's and the gap is the two releases' kernels.
-LLAMA3-8B and 70B and Nemotron-340B here run exactly the layouts of the 24.12 recipes' smallest rows, so the table
-also measures what the newer release gained (`release_gains`).
+- at 8e3d65dcfe3504689bfc5b6e67d502780aacad41 (main, 2024-09-09, "24.07 perf numbers"; the page's last revision
+  before it moved to docs.nvidia.com): "Container: NeMo24.07, System: DGX-H100", pre-training at FP8, tokens per
+  second per GPU. Its three earlier revisions for the same container move rows by up to 6% (GPT3-175B on 512 GPUs
+  782, 832, 825; LLAMA3-8B 12,036, 11,883, 12,273): what one of these figures can be predicted to is bounded so.
+- at 35029a0c84e7c9f2c56e2b2256746654a5084432 (2024-10-07), the same page with its "Long Input Sequences" table:
+  LLAMA2-7B in fp8 from 4k to 1M tokens (container NeMo24.03.01.framework), context parallelism up to 32.
+
+Settings. Each row runs the layout the page prints (GBS, MBS, TP, PP, CP, VP) with the recipe NeMo-Framework-
+Launcher held at the container's release (tags 24.07 and 24.03.01, launcher_scripts/conf/training/): GPT-3 5B and
+20B with hidden and attention dropout 0.1, LayerNorm, bias-GeLU, tied embeddings, the GPT-2 vocabulary padded to 128
+· tp (gpt3/5b.yaml, 20b.yaml; megatron-core-0.8's kernel list, as the DGX Cloud GPT-3 recipe); Llama 2 and 3 with
+fused RoPE and no dropout and no `cross_entropy_loss_fusion` (added to the Llama configs at 24.09), so the unfused
+cross-entropy; Nemotron 8B and 22B as NeMo 24.12's Nemotron-4 recipes run them (LayerNorm1p, squared ReLU, fused
+cross-entropy, userbuffers with Transformer Engine's defaults). The launcher exports NVTE_FUSED_ATTN=0 to every run
+at both tags ("Disable cudnn FA until we've tested it more", launcher_scripts/conf/config.yaml), so every row runs
+FlashAttention-2, not cuDNN's fused attention as the 24.12 Llama and GPT-3 recipes do. Where a 24.07 config names no
+tensor-parallel overlap settings the 24.12 recipe's for the same model are used (GPT-3 175B, Llama 3 70B); Nemotron-4
+340B runs the 24.12 recipe's whole (its layout is this row's). The long-sequence rows run userbuffers off, as
+llama2_7b.yaml sets at 24.03.01.
+
+Left out: GPT3-175B on 512 GPUs, whose TFLOP/s cell links to MLCommons: NVIDIA's MLPerf Training submission, a stack
+of its own.
 
 Run as part of benchmarks/published_figures.py.
 """
@@ -21,17 +32,50 @@ Run as part of benchmarks/published_figures.py.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
-from benchmarks.published import DGXC_H100, DgxcRow, dgxc_plan
-from benchmarks.published_nemotron import NEMOTRON_H100, NemotronRow, nemotron_plan
+from benchmarks.published import (
+    _MCORE,
+    DGXC_H100,
+    DGXC_STACK_OVERRIDES,
+    TE_DEFAULT_TP_OVERLAP,
+    UNFUSED_CROSS_ENTROPY,
+    _cluster,
+    _gpt,
+    _layout,
+)
+from benchmarks.published_nemotron import NEMOTRON_H100, NemotronRow, _layer, nemotron_plan
+from plan import loader
 from plan.schema import Plan
+from twin import api
 
-SOURCE = "NVIDIA/NeMo docs/source/performance/performance_summary.md at 070a0bb (NeMo 24.07, DGX-H100, fp8)"
+SOURCE = "NVIDIA/NeMo docs/source/performance/performance_summary.md at 8e3d65d (NeMo 24.07, DGX-H100, fp8)"
+LONG_SOURCE = "NVIDIA/NeMo docs/source/performance/performance_summary.md at 35029a0 (NeMo 24.03.01, DGX-H100, fp8)"
+
+
+def _llama2(layers: int, hidden: int, heads: int, kv_heads: int, ffn: int, tp: int) -> dict[str, Any]:
+    """Llama 2 (Touvron et al. 2023, Table 1 and its released configs; launcher llama/llama2_*.yaml): RMSNorm,
+    SwiGLU, RoPE, no biases, 32,000 tokens padded to a multiple of 128 · tp as Megatron pads it."""
+    return {"layers": layers, "hidden": hidden, "heads": heads, "kv_heads": kv_heads, "ffn_hidden": ffn,
+            "vocab": _padded(32000, tp), "seq_len": 4096, "glu": True}  # fmt: skip
+
+
+def _nemotron(layers: int, hidden: int, heads: int) -> dict[str, Any]:
+    """Nemotron 8B and 22B (launcher nemotron/nemotron_{8b,22b}.yaml): multi-head attention, squared ReLU of 4x
+    width, no biases, untied embeddings, Nemotron-4's 256,000-token vocabulary, context 4,096."""
+    return {"layers": layers, "hidden": hidden, "heads": heads, "ffn_hidden": 4 * hidden, "vocab": 256000,
+            "seq_len": 4096, "glu": False}  # fmt: skip
+
+
+def _padded(vocab: int, tp: int) -> int:
+    """Megatron's vocabulary padding: up to a multiple of make_vocab_size_divisible_by (128) times tp."""
+    step = 128 * tp
+    return -(-vocab // step) * step
 
 
 @dataclass(frozen=True)
-class Nemo2407Row:
-    """One pre-training row of the table: its layout and published tokens per second per GPU."""
+class NemoRow:
+    """One pre-training row of the page: its layout and published tokens per second per GPU."""
 
     model: str
     gpus: int
@@ -46,35 +90,94 @@ class Nemo2407Row:
 
 
 NEMO_2407_H100 = (
-    Nemo2407Row("gpt3-175b", 128, 256, 1, 2048, 4, 8, 1, 6, 726),
-    Nemo2407Row("gpt3-175b", 512, 2048, 2, 2048, 4, 8, 1, 6, 782),
-    Nemo2407Row("nemotron4-340b", 128, 32, 1, 4096, 8, 8, 1, 12, 322),
-    Nemo2407Row("llama3-8b", 8, 128, 1, 8192, 1, 1, 2, 1, 12036),
-    Nemo2407Row("llama3-70b", 64, 128, 1, 8192, 4, 4, 2, 5, 1533),
+    NemoRow("gpt3-5b", 64, 2048, 4, 2048, 1, 1, 1, 1, 23406),
+    NemoRow("gpt3-20b", 64, 256, 2, 2048, 2, 1, 1, 1, 5851),
+    NemoRow("gpt3-175b", 128, 256, 1, 2048, 4, 8, 1, 6, 716),
+    NemoRow("llama2-7b", 8, 128, 1, 4096, 1, 1, 1, 1, 16934),
+    NemoRow("llama2-13b", 16, 128, 1, 4096, 1, 4, 1, 10, 8715),
+    NemoRow("llama2-70b", 64, 128, 1, 4096, 4, 4, 1, 20, 1728),
+    NemoRow("nemotron-8b", 64, 256, 4, 4096, 2, 1, 1, 1, 12507),
+    NemoRow("nemotron-22b", 64, 256, 2, 4096, 2, 4, 1, 10, 4312),
+    NemoRow("nemotron4-340b", 128, 32, 1, 4096, 8, 8, 1, 12, 326),
+    NemoRow("llama3-8b", 8, 128, 1, 8192, 1, 1, 2, 1, 12273),
+    NemoRow("llama3-70b", 64, 128, 1, 8192, 4, 4, 2, 5, 1524),
 )
 
+NEMO_LONG_H100 = tuple(
+    NemoRow("llama2-7b", gpus, batch, 1, k * 1024, tp, pp, cp, 1, tokens)
+    for k, gpus, batch, tp, pp, cp, tokens in (
+        (4, 4, 1024, 1, 1, 1, 16671),
+        (8, 8, 512, 1, 2, 1, 13907),
+        (16, 16, 256, 2, 1, 1, 10082),
+        (32, 32, 128, 2, 1, 2, 6687),
+        (64, 64, 64, 4, 1, 2, 4021),
+        (128, 128, 32, 4, 1, 4, 2260),
+        (256, 256, 16, 4, 1, 8, 1214),
+        (512, 512, 8, 8, 1, 16, 635),
+        (1024, 1024, 4, 8, 1, 32, 318),
+    )
+)
+"""The Long Input Sequences table: LLAMA2-7B, micro-batch 1, data parallel over what TP · PP · CP leave."""
 
-def nemo2407_plan(row: Nemo2407Row) -> Plan:
-    """The row's layout under NeMo 24.12's recipe for the same model (the Nemotron-340B recipe fixes its own
-    layout, which is this row's: TP8, PP8, VP12, CP1 in fp8, micro-batch 1, two sequences per node)."""
+_GPT = {"layer": [k.model_dump() for k in _MCORE.layer], "head_kernels": UNFUSED_CROSS_ENTROPY}
+_LLAMA = {"head_kernels": UNFUSED_CROSS_ENTROPY}
+_NEMOTRON = {"layer": _layer(), **TE_DEFAULT_TP_OVERLAP}
+RECIPES: dict[str, tuple[dict[str, Any] | str, dict[str, Any]]] = {
+    # model: (architecture or preset, stack overrides beyond FlashAttention-2)
+    "gpt3-5b": (_gpt(24, 4096, 32, _padded(50257, 1), 2048, tied=True), _GPT),
+    # gpt3/20b.yaml's ub cfg (ub_cfg_h100_h6144_tp2_mbs2_seqlen2048): proj and fc2 forward with 16 and 24 SMs
+    # withheld, the bulk overlaps 8, 16, 4, 16 SMs (mean 11)
+    "gpt3-20b": (
+        _gpt(44, 6144, 48, _padded(50257, 2), 2048, tied=True),
+        {**_GPT, "tp_overlap_sm_margin": {"proj": 16, "fc2": 24}, "tp_overlap_sms": 11},
+    ),
+    "gpt3-175b": ("gpt3-175b", DGXC_STACK_OVERRIDES["gpt3-175b"]),
+    "llama2-7b": (_llama2(32, 4096, 32, 32, 11008, 1), _LLAMA),
+    "llama2-13b": (_llama2(40, 5120, 40, 40, 13824, 1), _LLAMA),
+    # llama2_70b.yaml's ub cfg: proj and fc2 forward with 24 and 16 SMs withheld, bulk 8, 16, 2, 4 (the stack's)
+    "llama2-70b": (_llama2(80, 8192, 64, 8, 28672, 4), _LLAMA),
+    "nemotron-8b": (_nemotron(32, 4096, 32), _NEMOTRON),
+    "nemotron-22b": (_nemotron(40, 6144, 48), _NEMOTRON),
+    "llama3-8b": ("llama3-8b", _LLAMA),
+    "llama3-70b": ("llama3-70b", {**_LLAMA, **DGXC_STACK_OVERRIDES["llama3-70b"]}),
+}
+
+
+def nemo_plan(row: NemoRow, long_sequence: bool = False) -> Plan:
+    """The row's layout under its release's recipe, FlashAttention-2 (NVTE_FUSED_ATTN=0). Nemotron-4 340B runs NeMo
+    24.12's recipe (benchmarks/published_nemotron.py), whose layout is this row's and which runs FlashAttention-2
+    too."""
     if row.model == "nemotron4-340b":
         plan = nemotron_plan(NemotronRow(row.model, row.gpus, "fp8", 0.0))
         lay = plan.layout
-        assert (lay.tp, lay.pp, lay.cp, lay.virtual_stages, plan.training.global_batch) == (
-            row.tp,
-            row.pp,
-            row.cp,
-            row.virtual,
-            row.batch,
-        ), "the 24.12 Nemotron-340B recipe no longer runs this row's layout"
+        printed = (row.tp, row.pp, row.cp, row.virtual, row.batch, row.microbatch)
+        assert (lay.tp, lay.pp, lay.cp, lay.virtual_stages, plan.training.global_batch, lay.microbatch_size) == printed
         return plan
-    recipe = DgxcRow(row.model, row.seq, row.gpus, row.tp, row.pp, row.cp, row.virtual, row.batch, "fp8", 0.0)
-    return dgxc_plan(recipe, [f"layout.microbatch_size={row.microbatch}"])
+    model, overrides = RECIPES[row.model]
+    if isinstance(model, str):
+        model = loader.expand_model({"model": model}, model)["model"]
+    overrides = {**overrides, "attention_kernel": "fa2"}
+    if long_sequence:
+        overrides["tp_overlap"] = "none"
+    dp = row.gpus // (row.tp * row.pp * row.cp)
+    return api.load_plan(
+        {
+            "name": f"nemo-{row.model}-{row.gpus}-{row.seq}",
+            "model": {**model, "seq_len": row.seq},
+            "cluster": _cluster("dgx-h100-superpod", row.gpus, 16384),
+            "stack": {"name": "nemo-24.12", "overrides": overrides},
+            "layout": _layout(
+                row.tp, row.pp, dp, row.microbatch, row.virtual, cp=row.cp, zero=1, sequence_parallel=row.tp > 1
+            ),
+            "training": {"global_batch": row.batch, "tokens": 1e12, "dtype": "fp8"},
+        }
+    )
 
 
 def release_gains() -> list[tuple[str, float]]:
     """(row, NeMo 24.12's tokens per GPU over 24.07's, less one) for the rows both releases ran with one layout (the
-    24.12 recipes all run micro-batch 1)."""
+    24.12 recipes all run micro-batch 1). 24.12 runs cuDNN's fused attention where 24.07 ran FlashAttention-2,
+    except for Nemotron-4 340B, which runs FlashAttention-2 in both."""
     out = []
     for row in NEMO_2407_H100:
         if row.model == "nemotron4-340b":
@@ -88,5 +191,5 @@ def release_gains() -> list[tuple[str, float]]:
     return out
 
 
-def _layout_key(r: DgxcRow) -> tuple[str, int, int, int, int, int, int, int]:
+def _layout_key(r: Any) -> tuple[str, int, int, int, int, int, int, int]:
     return (r.model, r.gpus, r.tp, r.pp, r.cp, r.virtual, r.batch, 1)

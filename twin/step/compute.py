@@ -230,12 +230,13 @@ class Device:
     def attention_s(self, forward_flops: float, seq: int, head_dim: int) -> tuple[float, float]:
         """(forward, backward) seconds of a fused causal attention doing `forward_flops` (causal count) at key
         length `seq`: the kernel's measured throughput, interpolated in log length and head width and held at the
-        table's ends; without a table, the FLOPs at the GEMM rate (backward 2.5x the forward's FLOPs)."""
+        table's ends, not scaled by the in-training fraction (Compute.in_training_fraction: a GEMM figure); without
+        a table, the FLOPs at the GEMM rate (backward 2.5x the forward's FLOPs)."""
         if forward_flops <= 0:
             return 0.0, 0.0
         if not self.attention:
             return self.flops_s(forward_flops), self.flops_s(2.5 * forward_flops)
-        fwd_rate, bwd_rate = (r * self.in_training for r in _interpolate_tables(self.attention, seq, head_dim))
+        fwd_rate, bwd_rate = _interpolate_tables(self.attention, seq, head_dim)
         return forward_flops / fwd_rate + self.kernel_s, 2.5 * forward_flops / bwd_rate + self.kernel_s
 
     def memory_s(self, nbytes: float, kernels: float) -> float:
