@@ -56,10 +56,26 @@ fp16 one, as twin/fidelity.py groups them). A regressor no row of a subset has i
 
 SUBSETS = {
     "NVIDIA DGX Cloud recipes": ("dgxc-h100", "dgxc-h100-moe", "dgxc-h100-nemotron"),
-    "every H100 table": ("dgxc-h100", "dgxc-h100-moe", "dgxc-h100-nemotron", "mcore-h100", "llama3-table4"),
+    "NVIDIA recipes and NeMo's performance summary": (
+        "dgxc-h100",
+        "dgxc-h100-moe",
+        "dgxc-h100-nemotron",
+        "nemo-24.07-h100",
+        "nemo-long-seq-h100",
+    ),
+    "every H100 table": (
+        "dgxc-h100",
+        "dgxc-h100-moe",
+        "dgxc-h100-nemotron",
+        "nemo-24.07-h100",
+        "nemo-long-seq-h100",
+        "mcore-h100",
+        "llama3-table4",
+    ),
     "every A100 table": ("narayanan-a100", "megatron-a100-readme", "mpt-a100", "mpt-a100-40gb"),
 }
-"""The rows each fit reads: the H100 recipes whose every setting is published; then with the H100 tables whose
+"""The rows each fit reads: the H100 recipes whose every setting is published; with NeMo's earlier releases, whose
+recipes the launcher of the time holds; then with the H100 tables whose
 layouts are partly deduced (Megatron-Core's micro-batch and interleaving, Llama 3's kernels); the A100 tables, whose
 accelerator has no fitted constant."""
 
