@@ -1,9 +1,9 @@
 """Where the twin's error on published runs lives, by kernel class — a diagnostic, nothing in it is adopted.
 
-For every training row of benchmarks/published_figures.py (on H100: DGX Cloud dense, Grok-1, Nemotron-4,
-Megatron-Core r0.8.0, Llama 3 Table 4; on A100: Narayanan et al., Megatron-LM's README, MosaicML's MPT) the
-predicted step's share in three kernel classes, each found by slowing that class alone by 1% through the
-accelerator's own efficiency fields (a what-if on the cluster; nothing is patched):
+For every training row of benchmarks/published_figures.py (on H100: DGX Cloud dense, Grok-1, Nemotron-4, NeMo 24.07
+and 24.03.01's performance summaries, Megatron-Core r0.8.0, Llama 3 Table 4; on A100: Narayanan et al.,
+Megatron-LM's README, MosaicML's MPT) the predicted step's share in three kernel classes, each found by slowing that
+class alone by 1% through the accelerator's own efficiency fields (a what-if on the cluster; nothing is patched):
 
 - `gemm`: tensor-core GEMMs at their compute-bound rate (`compute.gemm_peak_fraction`, every dtype);
 - `attention`: the fused attention kernel's measured tables (`compute.attention`);

@@ -17,6 +17,7 @@ import pytest
 from benchmarks import fit_gemm_table
 from benchmarks.published_figures import TABLES, Row, summary
 from benchmarks.published_mpt import MPT_A100, MPT_A100_40GB, mpt_plan
+from benchmarks.published_nemo2407 import release_gains
 from plan import loader
 from plan.model_math import model_flops_per_token, recompute_flops_per_token
 from twin import api
@@ -51,7 +52,7 @@ BOUNDS = {  # table: (mean |error|, worst |error|)
     # NeMo 24.07's 11 rows, GPT-3 5B to Nemotron-4 340B (the page's revisions move rows by up to 6%), and NeMo
     # 24.03.01's Llama 2 7B from 4k to 1M tokens, context-parallel up to 32 (benchmarks/published_nemo2407.py)
     "nemo-24.07-h100": (0.05, 0.10),
-    "nemo-long-seq-h100": (0.05, 0.10),
+    "nemo-long-seq-h100": (0.035, 0.10),
     # misses the target: MosaicML's MPT on 8 A100 under FSDP, a table no part of the twin was built or fitted on.
     # Most rows that keep their activations are within 5% from 512 to 8k tokens, but every model is 12-21% slow at
     # 32k-65k (the Triton FlashAttention's only published figure stops at 16k, where it runs 80 TFLOP/s; these rows
@@ -103,13 +104,15 @@ def test_h100_in_training_fraction_sits_at_the_centre_of_its_fit_table(tables: d
 
 
 def test_h100_fraction_left_out_rows_within_bounds(tables: dict[str, list[Row]]) -> None:
-    """Validation of the fitted fraction where it was not fitted: the same table's fp8 rows, Llama 3, and NeMo's
-    earlier releases (24.07; 24.03.01's long sequences, where attention is most of the step)."""
+    """Validation of the fitted fraction where it was not fitted and every setting is known: the same table's fp8
+    rows and NeMo's earlier releases (24.07; 24.03.01's long sequences, where attention is most of the step) within
+    issue 13's target together (Llama 3's rows, whose kernel and MFU convention are unstated, have their own bound)."""
     left_out = [r for r in tables["dgxc-h100"] if r["kind"] == "validation"] + [
-        r for name in ("llama3-table4", "nemo-24.07-h100", "nemo-long-seq-h100") for r in tables[name]
+        r for name in ("nemo-24.07-h100", "nemo-long-seq-h100") for r in tables[name]
     ]
     errors = [abs(r["error"]) for r in left_out]
-    assert sum(errors) / len(errors) <= 0.05 and max(errors) <= BOUNDS["llama3-table4"][1]
+    assert len(errors) == 28
+    assert sum(errors) / len(errors) <= 0.04 and max(errors) <= 0.10
 
 
 def test_every_published_table_has_rows_and_sources(tables: dict[str, list[Row]]) -> None:
@@ -190,6 +193,32 @@ def test_h100_gemm_constants_are_the_fit_of_xlas_table() -> None:
     assert compute.gemm_peak_fraction["fp8"] == pytest.approx(
         result.fraction * (1402.6 / 1978.9) / (794.5 / 989.4), abs=0.001
     )
+
+
+def test_in_training_fraction_scales_the_gemms_and_not_the_attention_tables() -> None:
+    """The fitted fraction is a weight-GEMM figure: halving it doubles a compute-bound GEMM's FLOP time and leaves a
+    fused attention kernel at its benchmark's throughput (topologies/accelerators/h100-sxm5-80gb.yaml, the
+    fraction's source comment)."""
+    full = Device.of(api.load_cluster("dgx-h100-superpod", ["compute.in_training_fraction=1"]), "bf16", 8)
+    half = Device.of(api.load_cluster("dgx-h100-superpod", ["compute.in_training_fraction=0.5"]), "bf16", 8)
+    flops = 4 * 4096 * 128 * 8192 * 32 / 2
+    assert half.attention_s(flops, 8192, 128) == full.attention_s(flops, 8192, 128)
+    fixed = full.gemm_fixed_s
+    m = n = k = 8192.0
+    assert half.gemm_s(m, n, k) - fixed == pytest.approx(2 * (full.gemm_s(m, n, k) - fixed), rel=1e-9)
+
+
+def test_the_release_gain_of_nemo_24_12_is_the_attention_kernel() -> None:
+    """NeMo 24.12 ran Llama 3 8B 13% faster than 24.07 on one layout and Nemotron-4 340B no faster (published);
+    24.12's Llama recipe runs cuDNN's fused attention where 24.07's launcher ran FlashAttention-2, and 340B ran
+    FlashAttention-2 in both. The twin, given each release's kernel, finds the same split within 3 points for
+    those two (70B, with its attention a smaller share, it puts at 7% against the published 3%)."""
+    gains = {row.split(",")[0]: (published, twin) for row, published, twin in release_gains()}
+    assert set(gains) == {"llama3-8b", "llama3-70b", "nemotron4-340b"}
+    for model in ("llama3-8b", "nemotron4-340b"):
+        published, twin = gains[model]
+        assert abs(twin - published) <= 0.03, model
+    assert gains["llama3-8b"][1] > gains["llama3-70b"][1] > gains["nemotron4-340b"][1]
 
 
 def test_h100_gemms_take_the_time_xla_measured_for_their_shape() -> None:

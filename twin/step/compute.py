@@ -88,7 +88,8 @@ class Device:
     layer_s: float = 0.0
     """Fixed host cost of one layer for one microbatch, each way (s)."""
     in_training: float = 1.0
-    """Tensor-core throughput in a training step over the isolated kernel figures (GEMMs and fused attention)."""
+    """Weight-GEMM throughput in a training step over the isolated GEMM figures (the fused-attention tables are not
+    scaled by it: ComputeEfficiency.in_training_fraction)."""
     peak16_flops: float = 0.0
     """Dense 16-bit peak (FLOP/s), for the GEMMs an fp8 stack keeps in bf16; 0: peak_flops."""
     gemm16_fraction: float = 0.0
@@ -230,8 +231,8 @@ class Device:
     def attention_s(self, forward_flops: float, seq: int, head_dim: int) -> tuple[float, float]:
         """(forward, backward) seconds of a fused causal attention doing `forward_flops` (causal count) at key
         length `seq`: the kernel's measured throughput, interpolated in log length and head width and held at the
-        table's ends, not scaled by the in-training fraction (Compute.in_training_fraction: a GEMM figure); without
-        a table, the FLOPs at the GEMM rate (backward 2.5x the forward's FLOPs)."""
+        table's ends, not scaled by the in-training fraction (ComputeEfficiency.in_training_fraction, a GEMM figure);
+        without a table, the FLOPs at the GEMM rate (backward 2.5x the forward's FLOPs)."""
         if forward_flops <= 0:
             return 0.0, 0.0
         if not self.attention:
