@@ -75,9 +75,8 @@ SUBSETS = {
     "every A100 table": ("narayanan-a100", "megatron-a100-readme", "mpt-a100", "mpt-a100-40gb"),
 }
 """The rows each fit reads: the H100 recipes whose every setting is published; with NeMo's earlier releases, whose
-recipes the launcher of the time holds; then with the H100 tables whose
-layouts are partly deduced (Megatron-Core's micro-batch and interleaving, Llama 3's kernels); the A100 tables, whose
-accelerator has no fitted constant."""
+recipes the launcher of the time holds; then with the H100 tables whose layouts are partly deduced (Megatron-Core's
+micro-batch and interleaving, Llama 3's kernels); the A100 tables, whose accelerator has no fitted constant."""
 
 
 def _slower(cluster: Cluster, kind: str) -> Cluster:

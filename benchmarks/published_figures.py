@@ -72,6 +72,9 @@ NCCL = [  # (cluster, algorithm, published busbw GB/s, source, kind)
 
 Row = dict[str, Any]
 
+GAINS_FILE = Path(__file__).parent / "results" / "nemo_release_gains.json"
+"""What NeMo 24.12 gained over 24.07 on the rows both ran with one layout, published and predicted."""
+
 FIDELITY_SOURCE = (
     "written by benchmarks/published_figures.py (rerun it after any change to the step model): the validation rows "
     "of its published tables, by accelerator, precision and MoE; twin/fidelity.py reads it"
@@ -191,9 +194,8 @@ def _nemo_rows(rows: tuple[NemoRow, ...], release: str, source: str, long_sequen
         step = predict(plan).step_time_s
         layout = f"TP{r.tp} PP{r.pp} CP{r.cp}" + vp_label(r.virtual) + f", micro-batch {r.microbatch}"
         what = f"{r.model} fp8 ({release}), seq {r.seq:,}, {r.gpus:,} H100, {layout}: tokens/s per GPU"
-        row = _row(what, r.tokens_per_gpu, r.seq * r.batch / r.gpus / step, source, plan=plan)
-        row["class"]["stack"] = release.lower().replace(" ", "-")  # the run's release, not the kernel list it borrows
-        out.append(row)
+        stack = release.lower().replace(" ", "-")  # the run's release, not the kernel list it borrows
+        out.append(_row(what, r.tokens_per_gpu, r.seq * r.batch / r.gpus / step, source, plan=plan, stack=stack))
     return out
 
 
@@ -228,12 +230,19 @@ def _tokens_per_gpu_row(
 
 
 def _row(
-    what: str, published: float, predicted: float, source: str, kind: str = "validation", plan: Plan | None = None
+    what: str,
+    published: float,
+    predicted: float,
+    source: str,
+    kind: str = "validation",
+    plan: Plan | None = None,
+    stack: str | None = None,
 ) -> Row:
     """One figure; every `error` is the twin's figure over the published, less one, of a figure where more is
     better (throughput, TFLOP/s, MFU, bus bandwidth), so a positive error is an optimistic twin. A training run's
     row carries its plan (`plan`, left out of the JSON; benchmarks/error_by_kernel.py predicts it again) and the
-    plan's class (twin.fidelity.plan_class), which twin/published_fidelity.json groups its errors by."""
+    plan's class (twin.fidelity.plan_class), which twin/published_fidelity.json groups its errors by; `stack` names
+    the software the run ran where the plan borrows another release's kernel list."""
     row: Row = {
         "what": what,
         "published": published,
@@ -243,7 +252,7 @@ def _row(
         "kind": kind,
     }
     if plan is not None:
-        row["class"] = plan_class(plan, load_plan_cluster(plan))
+        row["class"] = plan_class(plan, load_plan_cluster(plan)) | ({"stack": stack} if stack else {})
         row["plan"] = plan
     return row
 
@@ -321,10 +330,6 @@ def main() -> None:
     console.print(groups_table(Fidelity.from_json(g) for g in groups))
     FIDELITY_FILE.write_text(json.dumps({"source": FIDELITY_SOURCE, "groups": groups}, indent=1) + "\n")
     print(f"wrote {FIDELITY_FILE}")
-
-
-GAINS_FILE = Path(__file__).parent / "results" / "nemo_release_gains.json"
-"""What NeMo 24.12 gained over 24.07 on the rows both ran with one layout, published and predicted."""
 
 
 def fidelity_groups(results: dict[str, Any]) -> list[dict[str, Any]]:

@@ -42,7 +42,7 @@ Run as part of benchmarks/published_figures.py.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from benchmarks.published import (
@@ -163,9 +163,7 @@ def nemo_plan(row: NemoRow, long_sequence: bool = False) -> Plan:
     too."""
     if row.model == "nemotron4-340b":
         plan = nemotron_plan(NemotronRow(row.model, row.gpus, "fp8", 0.0))
-        lay = plan.layout
-        printed = (row.tp, row.pp, row.cp, row.virtual, row.batch, row.microbatch)
-        assert (lay.tp, lay.pp, lay.cp, lay.virtual_stages, plan.training.global_batch, lay.microbatch_size) == printed
+        assert layout_of(row.model, plan) == layout_of(row), "the 24.12 Nemotron-4 340B recipe left this row's layout"
         return plan
     model, overrides = RECIPES[row.model]
     if isinstance(model, str):
@@ -199,31 +197,32 @@ def release_gains() -> list[tuple[str, float, float]]:
     """(row, published, predicted): NeMo 24.12's tokens per GPU over 24.07's, less one, for the rows both releases
     ran with one layout, batch and sequence. 24.12 runs cuDNN's fused attention where 24.07 ran FlashAttention-2,
     except for Nemotron-4 340B, which runs FlashAttention-2 in both; the twin is given each release's recipe."""
-    newer = _recipes_of_24_12()
+    newer = {layout_of(model, plan): (plan, step) for model, plan, step in _recipes_of_24_12()}
     out = []
     for row in NEMO_2407_H100:
-        if (recipe := newer.get(_layout_key(row))) is None:
+        if (recipe := newer.get(layout_of(row))) is None:
             continue
         plan, step = recipe
-        tokens = row.seq * row.batch / row.gpus
-        published = tokens / step / row.tokens_per_gpu - 1
+        published = row.seq * row.batch / row.gpus / step / row.tokens_per_gpu - 1
         predicted = predict(nemo_plan(row)).step_time_s / predict(plan).step_time_s - 1
         out.append((f"{row.model}, {row.gpus} H100", published, predicted))
     return out
 
 
-def _recipes_of_24_12() -> dict[tuple[Any, ...], tuple[Plan, float]]:
-    """NeMo 24.12's fp8 recipe rows (DGX Cloud v25.02, micro-batch 1) by this page's layout key: plan, step."""
-    out = {
-        ("fp8", r.model, r.gpus, r.batch, 1, r.seq, r.tp, r.pp, r.cp, r.virtual): (dgxc_plan(r), r.step_s)
-        for r in DGXC_H100
-        if r.dtype == "fp8"
-    }
-    for r in NEMOTRON_H100:
-        if r.model == "nemotron4-340b" and r.dtype == "fp8":
-            out[("fp8", r.model, r.gpus, r.batch, 1, 4096, r.tp, r.pp, r.cp, 12)] = (nemotron_plan(r), r.step_s)
-    return out
+def layout_of(row_or_model: NemoRow | str, plan: Plan | None = None) -> NemoRow:
+    """What two runs must share to compare releases: a row of this page without its figure, or the same read off a
+    plan of `model`."""
+    if isinstance(row_or_model, NemoRow):
+        return replace(row_or_model, tokens_per_gpu=0.0)
+    assert plan is not None
+    lay = plan.layout
+    batch, seq = plan.training.global_batch, plan.model.seq_len
+    return NemoRow(row_or_model, lay.world_size, batch, lay.microbatch_size, seq, lay.tp, lay.pp, lay.cp,
+                   lay.virtual_stages, 0.0)  # fmt: skip
 
 
-def _layout_key(r: NemoRow) -> tuple[Any, ...]:
-    return ("fp8", r.model, r.gpus, r.batch, r.microbatch, r.seq, r.tp, r.pp, r.cp, r.virtual)
+def _recipes_of_24_12() -> list[tuple[str, Plan, float]]:
+    """NeMo 24.12's fp8 recipe rows (DGX Cloud v25.02): model, plan, published step seconds."""
+    dgxc = [(r.model, dgxc_plan(r), r.step_s) for r in DGXC_H100 if r.dtype == "fp8"]
+    nemotron = [(r.model, nemotron_plan(r), r.step_s) for r in NEMOTRON_H100 if r.dtype == "fp8"]
+    return dgxc + nemotron
