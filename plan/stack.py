@@ -147,9 +147,12 @@ class Stack(UserSection):
     """An fp8 plan's expert-parallel dispatch all-to-all moves fp8 tokens (DeepSeek-V3 §3.3.2 quantizes them before
     dispatch; the combine stays BF16); false: dispatch and combine move 16-bit tokens (Megatron-Core 0.10's
     all-to-all dispatcher permutes the layer's bf16 hidden states; Transformer Engine casts to fp8 in the GEMM)."""
-    fp8_scaling: Literal["tensor", "block"] = "tensor"
-    """How an fp8 plan scales its GEMM operands: one factor per tensor (Transformer Engine's delayed scaling on
-    cuBLAS) or per 1x128 / 128x128 block (DeepSeek-V3 §3.3.2, DeepGEMM), which the cluster prices apart."""
+    fp8_scaling: Literal["tensor", "current", "block"] = "tensor"
+    """How an fp8 plan scales its GEMM operands: one factor per tensor from the amax history ("tensor": Transformer
+    Engine 1.x's delayed scaling on cuBLAS), one factor per tensor from the tensor itself ("current": Transformer
+    Engine 2.x's Float8CurrentScaling, NeMo's default from 25.04: an amax pass before every cast, and under sequence
+    parallelism a tensor-parallel all-reduce of it, priced by twin/step/kernels.py and costs.py), or per 1x128 /
+    128x128 block (DeepSeek-V3 §3.3.2, DeepGEMM), which the cluster prices apart."""
     fp8_amax_reduction: bool = False
     """Under an fp8 plan the stack all-reduces (max) its fp8 tensors' amax history over the replica's tensor-,
     context- and data-parallel ranks at the end of each model chunk's forward and backward, on the compute stream:

@@ -13,7 +13,7 @@ from plan.schema import Plan
 from plan.stack import GEMMS
 from twin.step.compute import DTENSOR_OPS_FORWARD, Device
 from twin.step.context import StepContext, shape_of, step_context
-from twin.step.costs import amax_reduction_s, stage_costs
+from twin.step.costs import amax_reduction_s, current_amax_s, stage_costs
 from twin.step.kernels import ROUTER, head_cost, kernel_bytes, layer_cost, routed_load, tensor_sizes, weight_gemms
 from twin.step.predict import PredictOptions
 
@@ -116,6 +116,53 @@ def test_each_chunk_all_reduces_its_amaxes_each_way_under_delayed_scaling_only()
         assert costs[key].dp - bare[key].dp == pytest.approx(amax if key[0] in "FB" else 0.0, rel=1e-12)
     _, bf16 = _ctx("nemo-24.12", "bf16")
     assert amax_reduction_s(bf16, layers) == 0.0
+
+
+CURRENT = ["stack.overrides.fp8_scaling=current", "stack.overrides.fp8_amax_reduction=false"]
+
+
+def test_current_scaling_reads_every_cast_input_once_more_for_its_amax() -> None:
+    """Transformer Engine 2.x's current scaling computes each tensor's amax before it casts: a GEMM input after a
+    kernel that wrote plain bf16 (proj's, fc2's) and every output gradient cost one more 2-byte read and two more
+    kernels (amax, scale) than delayed scaling; after a norm, which now writes bf16 with the amax beside it, the
+    cast is whole (4 bytes) where delayed scaling only transposed (2), with one more kernel (the scale)."""
+    plan, delayed = _ctx("nemo-24.12", "fp8", "stack.overrides.fp8_amax_reduction=false")
+    _, current = _ctx("nemo-24.12", "fp8", *CURRENT)
+    gemms, dev = weight_gemms(plan.model, shape_of(delayed), False), delayed.device
+    after_norm = [name for name in GEMMS if name in ("qkv", "fc1")]  # nemo-24.12's norms carry fp8_output
+
+    def extra(names: list[str], nbytes: int, kernels: int, fwd: bool) -> float:
+        return sum(
+            dev.elementwise_s((m * k if fwd else m * n) * b * nbytes, kernels * b)
+            for name in names
+            for m, n, k, b in gemms[name]
+        )
+
+    others = [name for name in GEMMS if name not in after_norm]
+    forward = extra(after_norm, 2, 1, True) + extra(others, 2, 2, True)
+    backward = extra(list(GEMMS), 2, 2, False)
+    a, b = _layer(plan, current), _layer(plan, delayed)
+    assert a.forward_s - b.forward_s == pytest.approx(forward, rel=1e-9)
+    assert a.backward_input_s - b.backward_input_s == pytest.approx(backward, rel=1e-9)
+    assert a.gemm_s == pytest.approx(b.gemm_s, rel=1e-12)  # the GEMMs themselves are per-tensor scaled either way
+
+
+def test_current_scaling_all_reduces_a_sequence_parallel_casts_amax_over_tp() -> None:
+    """Under sequence parallelism each dense layer waits for two tp all-reduces of one fp32 amax each way (the qkv
+    and fc1 inputs forward, the proj and fc2 output gradients backward); none without sequence parallelism, at
+    tp 1, in bf16, or under delayed scaling (whose own reduction is per chunk)."""
+    plan, ctx = _ctx("nemo-24.12", "fp8", *CURRENT)
+    _, bare = _ctx("nemo-24.12", "fp8", *CURRENT, "layout.sequence_parallel=false")
+    layers = plan.model.layers // plan.layout.pp
+    expected = 2 * layers * ctx.time("all_reduce", 4, ctx.span("tp"))
+    assert current_amax_s(ctx, layers) == pytest.approx(expected, rel=1e-12) and expected > 0
+    costs = stage_costs(ctx, {False: _layer(plan, ctx)})
+    assert costs[("F", 0)].dp == pytest.approx(expected, rel=1e-12)
+    assert current_amax_s(ctx, layers, moe_layers=layers) == pytest.approx(expected / 2, rel=1e-12)
+    assert current_amax_s(bare, layers) == 0.0
+    for extra in (["training.dtype=bf16"], ["stack.overrides.fp8_scaling=tensor"]):
+        _, other = _ctx("nemo-24.12", "fp8", *CURRENT, *extra)
+        assert current_amax_s(other, layers) == 0.0
 
 
 def test_an_moe_layer_pays_its_router_and_permutations_a_dense_layer_does_not() -> None:

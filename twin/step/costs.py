@@ -64,7 +64,8 @@ def stage_costs(
                 f["dp"], b["dp"] = f["dp"] + fwd, b["dp"] + bwd
         if lay.tp > 1:
             f["tp"], b["tp"] = f["tp"] + edges[stage][0], b["tp"] + edges[stage][1]
-        amax = amax_reduction_s(ctx, len(layers))
+        moe_layers = sum(1 for layer in layers if m.is_moe and layer >= m.dense_layers)
+        amax = amax_reduction_s(ctx, len(layers)) + current_amax_s(ctx, len(layers), moe_layers)
         f["dp"], b["dp"] = f["dp"] + amax, b["dp"] + amax
         for extra in extras:
             f["compute"] += extra.forward_s
@@ -94,6 +95,26 @@ def amax_reduction_s(ctx: StepContext, layers: int) -> float:
         return 0.0
     group = ctx.span("tp", "cp", "dp")
     return ctx.time("all_reduce", AMAX_BYTES_PER_LAYER * layers, group)
+
+
+CURRENT_AMAX_BYTES = 4
+"""One fp32 amax: what a current-scaled cast all-reduces over the tensor-parallel group before it casts."""
+
+
+def current_amax_s(ctx: StepContext, layers: int, moe_layers: int = 0) -> float:
+    """Seconds of the amax all-reduces current fp8 scaling adds to `layers` layers for one microbatch, each way
+    (Stack.fp8_scaling "current"): under sequence parallelism a column-parallel GEMM's input and a row-parallel
+    GEMM's output gradient are gathered over the tp ranks, so all of them must cast with one scale, and Transformer
+    Engine 2.x all-reduces the amax over the tp group and waits for it before the cast (module/linear.py
+    _customize_quantizers_float8_current_scaling, quantizer.cpp quantize_impl: `allreduce(...)->wait()`): forward
+    the qkv and fc1 inputs, backward the proj and fc2 output gradients. An MoE layer's experts run Megatron-Core's
+    grouped GEMMs, outside that tp gather: its attention block's two remain."""
+    lay = ctx.plan.layout
+    current = ctx.plan.training.dtype == "fp8" and ctx.stack.fp8_scaling == "current"
+    if not current or lay.tp == 1 or not lay.sequence_parallel or layers == 0:
+        return 0.0
+    reductions = 2 * layers - moe_layers  # per layer: the attention block's, and the dense MLP's
+    return reductions * ctx.time("all_reduce", CURRENT_AMAX_BYTES, ctx.span("tp"))
 
 
 def host_sharing(ctx: StepContext) -> HostSharing | None:

@@ -190,7 +190,8 @@ def layer_cost(m: ModelSpec, shape: Shape, device: Device, stack: Stack, moe: bo
                 _add_gemm(device, gemm, (fwd, dgrad, wgrad), attention_block, forward_device)
             fwd_gemm += fwd.seconds - before
             if device.operand_bytes == 1:
-                _add_fp8_casts(device, gemms[kernel.gemm], cast_in and not routed, fwd, other)
+                fused = cast_in and not routed
+                _add_fp8_casts(device, gemms[kernel.gemm], fused, stack.fp8_scaling == "current", fwd, other)
         elif kernel.attention:
             attention_fwd += _attention(m, shape, device, kernel, fwd, other)
         else:
@@ -256,13 +257,24 @@ def _add_gemm(
         tally.add(seconds)
 
 
-def _add_fp8_casts(device: Device, gemms: list[Gemm], fused: bool, fwd: _Tally, bwd: _Tally) -> None:
-    """The casts around fp8 GEMMs (Transformer Engine 1.x): forward, the bf16 input to fp8 with its transpose for
-    the weight gradient (read 2 bytes, write 1 + 1; only the transpose's 2 where the kernel before wrote fp8,
-    `fused`); backward, the output gradient likewise. One kernel each per GEMM of the batch."""
+def _add_fp8_casts(device: Device, gemms: list[Gemm], fused: bool, current: bool, fwd: _Tally, bwd: _Tally) -> None:
+    """The casts around fp8 GEMMs. Delayed scaling (Transformer Engine 1.x): forward, the bf16 input to fp8 with
+    its transpose for the weight gradient (read 2 bytes, write 1 + 1; only the transpose's 2 where the kernel before
+    wrote fp8, `fused`); backward, the output gradient likewise; one kernel each per GEMM of the batch. Current
+    scaling (`current`, Transformer Engine 2.x Float8CurrentScalingQuantizer::quantize_impl): the scale comes from
+    the tensor itself, so every cast first reads it for its amax (nvte_compute_amax, 2 bytes) and computes the scale
+    (a one-element kernel), then casts (4); where the kernel before is a norm or activation, it computes the amax as
+    it writes its bf16 output (normalization.cpp FUSED_NORM_AMAX_FP8, activation.cpp FUSED_ACTIVATION_AMAX_FP8), so
+    only the scale and the cast remain."""
+    if current:
+        fwd_bytes, fwd_kernels = (4, 2) if fused else (6, 3)
+        bwd_bytes, bwd_kernels = 6, 3
+    else:
+        fwd_bytes, fwd_kernels = (2, 1) if fused else (4, 1)
+        bwd_bytes, bwd_kernels = 4, 1
     for mm, nn, kk, b in gemms:
-        fwd.add(device.elementwise_s(mm * kk * b * (2 if fused else 4), b), 0.0, round(b))
-        bwd.add(device.elementwise_s(mm * nn * b * 4, b), 0.0, round(b))
+        fwd.add(device.elementwise_s(mm * kk * b * fwd_bytes, fwd_kernels * b), 0.0, round(fwd_kernels * b))
+        bwd.add(device.elementwise_s(mm * nn * b * bwd_bytes, bwd_kernels * b), 0.0, round(bwd_kernels * b))
 
 
 def _batched(device: Device, m: float, n: float, k: float, batch: float, dtensor_ops: float) -> float:
