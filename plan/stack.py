@@ -204,6 +204,12 @@ class Stack(UserSection):
     dispatch_us: NonNegativeFloat = 0.0
     """Host time to issue one kernel (microseconds): an action takes at least its kernels times this, whatever
     the device does (eager PyTorch; 0 where CUDA graphs replay)."""
+    wgrad_accumulation_fusion: bool = True
+    """Each weight-gradient GEMM adds its product into the buffer gradients accumulate in (Megatron-Core's
+    gradient_accumulation_fusion: Transformer Engine's fuse_wgrad_accumulation, or APEX's fused_weight_gradient_mlp_
+    cuda); false: the GEMM writes a fresh 16-bit gradient and the data-parallel wrapper adds it to the buffer each
+    microbatch (megatron/core/distributed param hooks `main_grad.add_(grad)`): read 2 bytes and the buffer's, write
+    the buffer's, per weight."""
     fused_optimizer: bool = True
     """The optimizer updates every tensor in a few multi-tensor kernels (apex/TE fused Adam, distributed
     optimizer) rather than several kernels per tensor."""

@@ -1,6 +1,7 @@
 """fp8 training as Transformer Engine 1.x runs it, and the MoE layer's own kernels, against closed forms: the head
 and router in bf16, the casts around every fp8 GEMM, the widths of the tensor-parallel traffic, the amax
-all-reduce, block-scaled GEMMs at their own fraction."""
+all-reduce, block-scaled GEMMs at their own fraction; current scaling (Transformer Engine 2.x); the weight
+gradients added apart from their GEMMs where a stack does not fuse the accumulation."""
 
 from __future__ import annotations
 
@@ -11,10 +12,19 @@ import pytest
 from plan import loader
 from plan.schema import Plan
 from plan.stack import GEMMS
+from twin.step.casts import Casts, cast_bytes
 from twin.step.compute import DTENSOR_OPS_FORWARD, Device
 from twin.step.context import StepContext, shape_of, step_context
 from twin.step.costs import amax_reduction_s, current_amax_s, stage_costs
-from twin.step.kernels import ROUTER, head_cost, kernel_bytes, layer_cost, routed_load, tensor_sizes, weight_gemms
+from twin.step.kernels import (
+    ROUTER,
+    head_cost,
+    kernel_bytes,
+    layer_cost,
+    routed_load,
+    tensor_sizes,
+    weight_gemms,
+)
 from twin.step.predict import PredictOptions
 
 H100_TP4 = ["cluster=dgx-h100-superpod", "layout.tp=4", "layout.pp=2", "layout.dp=4", "layout.ep=1",
@@ -62,14 +72,15 @@ def test_an_fp8_moe_layer_routes_with_a_bf16_gemm() -> None:
 
 
 def test_a_norm_that_writes_fp8_saves_its_gemm_the_input_cast_but_not_the_transpose() -> None:
-    """TE's LayerNormLinear hands qkv and fc1 an fp8 input: of the 4 bytes per element a cast-transpose moves
-    (read 2, write 1 + 1) only the transpose's 2 remain, so unfusing the two norms adds 2 · 2 bytes per token of the
-    hidden state, one kernel's worth each way cancelling."""
+    """TE's LayerNormLinear hands qkv and fc1 an fp8 input. Under sequence parallelism each rank casts its own shard
+    of that input (read 2, write 1) before the fp8 gather, and the gathered whole is transposed for the weight
+    gradient (read 1, write 1): a norm writing fp8 leaves only the transpose, so unfusing the two norms adds 3 bytes
+    per element of a rank's shard (hidden · tokens / tp) and one kernel each. In bf16 nothing is cast."""
     plan, fused = _ctx("nemo-24.12", "fp8")
     layer = json.dumps([{**k.model_dump(exclude_none=True), "fp8_output": False} for k in fused.stack.layer])
     _, unfused = _ctx("nemo-24.12", "fp8", f"stack.overrides.layer={layer}")
-    tokens = shape_of(fused).tokens
-    extra = 2 * tokens * plan.model.hidden * 2 / fused.device.elementwise_Bps
+    tokens, tp = shape_of(fused).tokens, plan.layout.tp
+    extra = fused.device.elementwise_s(2 * tokens * plan.model.hidden * 3 / tp, 2)
     assert _layer(plan, unfused).forward_s - _layer(plan, fused).forward_s == pytest.approx(extra, rel=1e-9)
     plan16, unfused16 = _ctx("nemo-24.12", "bf16", f"stack.overrides.layer={layer}")
     _, fused16 = _ctx("nemo-24.12", "bf16")
@@ -77,15 +88,21 @@ def test_a_norm_that_writes_fp8_saves_its_gemm_the_input_cast_but_not_the_transp
 
 
 def test_every_fp8_gemm_casts_its_output_gradient_in_backward() -> None:
-    """Backward, each fp8 GEMM's bf16 output gradient is cast to fp8 with its transpose (4 bytes per element, one
-    kernel): beside the GEMMs, an fp8 layer's input-gradient pass is a bf16 one's plus exactly those casts."""
+    """Backward, each fp8 GEMM's bf16 output gradient is cast to fp8 with its transpose: a column-parallel GEMM's
+    (qkv, fc1) whole on the rank, one cast-transpose (4 bytes per element, one kernel); a row-parallel GEMM's (proj,
+    fc2) is sequence-parallel, so each rank casts its shard (3 bytes per element of it) and the gathered fp8 is
+    transposed (2 per element of the whole: two kernels; TE 1.13 grad_output_preprocess). Beside the GEMMs, an fp8
+    layer's input-gradient pass is a bf16 one's plus exactly those casts."""
     plan8, ctx8 = _ctx("nemo-24.12", "fp8")
     plan16, ctx16 = _ctx("nemo-24.12", "bf16")
     fp8, bf16 = _layer(plan8, ctx8), _layer(plan16, ctx16)
-    gemms = weight_gemms(plan8.model, shape_of(ctx8), False)
-    casts = sum(ctx8.device.elementwise_s(m * n * b * 4, b) for name in GEMMS for m, n, _, b in gemms[name])
+    gemms, tp, dev = weight_gemms(plan8.model, shape_of(ctx8), False), plan8.layout.tp, ctx8.device
+    column = sum(dev.elementwise_s(m * n * b * 4, b) for name in ("qkv", "fc1") for m, n, _, b in gemms[name])
+    row = sum(
+        dev.elementwise_s(m * n * b * (3 / tp + 2), 2 * b) for name in ("proj", "fc2") for m, n, _, b in gemms[name]
+    )
     beside = (fp8.backward_input_s - fp8.gemm_s[0]) - (bf16.backward_input_s - bf16.gemm_s[0])
-    assert beside == pytest.approx(casts, rel=1e-9)
+    assert beside == pytest.approx(column + row, rel=1e-9)
 
 
 @pytest.mark.parametrize(
@@ -122,29 +139,47 @@ CURRENT = ["stack.overrides.fp8_scaling=current", "stack.overrides.fp8_amax_redu
 
 
 def test_current_scaling_reads_every_cast_input_once_more_for_its_amax() -> None:
-    """Transformer Engine 2.x's current scaling computes each tensor's amax before it casts: a GEMM input after a
-    kernel that wrote plain bf16 (proj's, fc2's) and every output gradient cost one more 2-byte read and two more
-    kernels (amax, scale) than delayed scaling; after a norm, which now writes bf16 with the amax beside it, the
-    cast is whole (4 bytes) where delayed scaling only transposed (2), with one more kernel (the scale)."""
+    """Transformer Engine 2.x's current scaling computes each operand's amax before it casts it, and a scale kernel
+    more. After a norm, which now writes bf16 with the amax beside it, qkv's and fc1's sequence-parallel shard is
+    cast (3 bytes per element of the shard) where delayed scaling's norm wrote it in fp8; proj's and fc2's inputs
+    and qkv's and fc1's output gradients (whole on the rank) are read once more (2 bytes); proj's and fc2's
+    gradient shards likewise (2 per element of the shard). Two kernels more each; the GEMMs are the same."""
     plan, delayed = _ctx("nemo-24.12", "fp8", "stack.overrides.fp8_amax_reduction=false")
     _, current = _ctx("nemo-24.12", "fp8", *CURRENT)
-    gemms, dev = weight_gemms(plan.model, shape_of(delayed), False), delayed.device
-    after_norm = [name for name in GEMMS if name in ("qkv", "fc1")]  # nemo-24.12's norms carry fp8_output
+    gemms, dev, tp = weight_gemms(plan.model, shape_of(delayed), False), delayed.device, plan.layout.tp
 
-    def extra(names: list[str], nbytes: int, kernels: int, fwd: bool) -> float:
+    def extra(names: tuple[str, ...], nbytes: float, fwd: bool) -> float:
         return sum(
-            dev.elementwise_s((m * k if fwd else m * n) * b * nbytes, kernels * b)
+            dev.elementwise_s((m * k if fwd else m * n) * b * nbytes, 2 * b)
             for name in names
             for m, n, k, b in gemms[name]
         )
 
-    others = [name for name in GEMMS if name not in after_norm]
-    forward = extra(after_norm, 2, 1, True) + extra(others, 2, 2, True)
-    backward = extra(list(GEMMS), 2, 2, False)
+    column, row = ("qkv", "fc1"), ("proj", "fc2")
+    forward = extra(column, 3 / tp, True) + extra(row, 2, True)
+    backward = extra(column, 2, False) + extra(row, 2 / tp, False)
     a, b = _layer(plan, current), _layer(plan, delayed)
     assert a.forward_s - b.forward_s == pytest.approx(forward, rel=1e-9)
     assert a.backward_input_s - b.backward_input_s == pytest.approx(backward, rel=1e-9)
     assert a.gemm_s == pytest.approx(b.gemm_s, rel=1e-12)  # the GEMMs themselves are per-tensor scaled either way
+
+
+@pytest.mark.parametrize(
+    ("current", "gathered", "fused", "expected"),
+    [
+        (False, False, False, (4, 1)),  # cast-transpose
+        (False, False, True, (2, 1)),  # the norm wrote fp8: the transpose
+        (False, True, False, (3 / 4 + 2, 2)),  # cast the shard, transpose the gathered whole
+        (False, True, True, (2, 1)),
+        (True, False, False, (6, 3)),  # amax, scale, cast-transpose
+        (True, False, True, (4, 2)),  # the norm gave the amax: scale, cast-transpose
+        (True, True, False, (5 / 4 + 2, 4)),
+        (True, True, True, (3 / 4 + 2, 3)),
+    ],
+)
+def test_cast_bytes_per_element_of_the_whole_operand(current: bool, gathered: bool, fused: bool, expected) -> None:
+    casts = Casts(fused=fused, current=current, gather=4 if gathered else 1, column=True)
+    assert cast_bytes(casts, gathered, fused) == pytest.approx(expected)
 
 
 def test_current_scaling_all_reduces_a_sequence_parallel_casts_amax_over_tp() -> None:
@@ -229,3 +264,19 @@ def test_block_scaled_fp8_gemms_run_at_their_own_fraction() -> None:
     assert tensor.sixteen_bit().gemm_s(4096, 4096, 4096) == pytest.approx(
         Device.of(cluster, "bf16", 8).gemm_s(4096, 4096, 4096)
     )
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp8"])
+def test_without_wgrad_fusion_each_microbatch_adds_every_weight_gradient_to_its_buffer(dtype: str) -> None:
+    """Stack.wgrad_accumulation_fusion false: beside its GEMMs, a layer's weight-gradient pass adds each weight's
+    fresh 16-bit gradient to the buffer (read 2 and the buffer's bytes, write the buffer's), one streaming kernel
+    per weight tensor; nothing else moves."""
+    plan, fused = _ctx("nemo-24.12", dtype)
+    _, apart = _ctx("nemo-24.12", dtype, "stack.overrides.wgrad_accumulation_fusion=false")
+    gemms = weight_gemms(plan.model, shape_of(fused), False)
+    weights = sum(n * k * b for name in GEMMS for _, n, k, b in gemms[name])
+    gb = fused.grad_bytes
+    expected = fused.device.memory_s(weights * (2 + 2 * gb), len(GEMMS))
+    a, b = _layer(plan, apart), _layer(plan, fused)
+    assert a.backward_weight_s - b.backward_weight_s == pytest.approx(expected, rel=1e-9)
+    assert (a.forward_s, a.backward_input_s) == pytest.approx((b.forward_s, b.backward_input_s), rel=1e-12)

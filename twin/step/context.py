@@ -180,4 +180,5 @@ def shape_of(ctx: StepContext) -> Shape:
         experts_local=max(1, m.experts // lay.ep) if m.is_moe else 1,
         expert_tp=expert_split(lay.tp, ctx.stack),
         act_bytes=act_bytes(ctx.plan.training.dtype),
+        grad_bytes=ctx.grad_bytes,
     )

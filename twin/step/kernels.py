@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from plan.schema import ModelSpec
 from plan.stack import Kernel, Stack
+from twin.step.casts import Casts, fp8_cast_costs, grad_accumulation_s
 from twin.step.compute import ACT_BYTES, DTENSOR_OPS_BACKWARD, DTENSOR_OPS_FORWARD, LOSS_PARALLEL_DTENSOR_OPS, Device
 
 Gemm = tuple[float, float, float, float]
@@ -45,6 +46,8 @@ class Shape:
     whole."""
     act_bytes: int = ACT_BYTES
     """Bytes per activation element (4 for fp32 training, twin.step.compute.act_bytes)."""
+    grad_bytes: int = 2
+    """Bytes per element of the buffer weight gradients accumulate in (memory.grad_reduce_bytes)."""
 
 
 @dataclass(frozen=True)
@@ -190,8 +193,15 @@ def layer_cost(m: ModelSpec, shape: Shape, device: Device, stack: Stack, moe: bo
                 _add_gemm(device, gemm, (fwd, dgrad, wgrad), attention_block, forward_device)
             fwd_gemm += fwd.seconds - before
             if device.operand_bytes == 1:
-                fused = cast_in and not routed
-                _add_fp8_casts(device, gemms[kernel.gemm], fused, stack.fp8_scaling == "current", fwd, other)
+                casts = Casts(
+                    fused=cast_in and not routed,
+                    current=stack.fp8_scaling == "current",
+                    gather=shape.tp if shape.sequence_parallel and not (moe and kernel.gemm in ("fc1", "fc2")) else 1,
+                    column=kernel.gemm in ("qkv", "fc1"),
+                )
+                (cast_s, cast_kernels), (grad_s, grad_kernels) = fp8_cast_costs(device, gemms[kernel.gemm], casts)
+                fwd.add(cast_s, 0.0, cast_kernels)
+                other.add(grad_s, 0.0, grad_kernels)
         elif kernel.attention:
             attention_fwd += _attention(m, shape, device, kernel, fwd, other)
         else:
@@ -204,6 +214,8 @@ def layer_cost(m: ModelSpec, shape: Shape, device: Device, stack: Stack, moe: bo
         rerun = recompute == "selective" and kernel.recomputed and not kernel.gemm
         if recompute == "full" or rerun or not kernel.saves_output:
             again.add(fwd.seconds - before, 0.0, 0)
+    if not stack.wgrad_accumulation_fusion:
+        wgrad.add(*grad_accumulation_s(device, gemms, shape.grad_bytes))
     forward = fwd.seconds + device.layer_s
     recompute_flops = {"full": fwd.flops, "selective": _core_flops(m, shape, stack)}.get(recompute, 0.0)
     return PassCost(
@@ -255,26 +267,6 @@ def _add_gemm(
         tally.add(seconds, 2 * mm * nn * kk * b)
     for tally, seconds in zip(block, times, strict=False):  # block: the attention block's three, or none
         tally.add(seconds)
-
-
-def _add_fp8_casts(device: Device, gemms: list[Gemm], fused: bool, current: bool, fwd: _Tally, bwd: _Tally) -> None:
-    """The casts around fp8 GEMMs. Delayed scaling (Transformer Engine 1.x): forward, the bf16 input to fp8 with
-    its transpose for the weight gradient (read 2 bytes, write 1 + 1; only the transpose's 2 where the kernel before
-    wrote fp8, `fused`); backward, the output gradient likewise; one kernel each per GEMM of the batch. Current
-    scaling (`current`, Transformer Engine 2.x Float8CurrentScalingQuantizer::quantize_impl): the scale comes from
-    the tensor itself, so every cast first reads it for its amax (nvte_compute_amax, 2 bytes) and computes the scale
-    (a one-element kernel), then casts (4); where the kernel before is a norm or activation, it computes the amax as
-    it writes its bf16 output (normalization.cpp FUSED_NORM_AMAX_FP8, activation.cpp FUSED_ACTIVATION_AMAX_FP8), so
-    only the scale and the cast remain."""
-    if current:
-        fwd_bytes, fwd_kernels = (4, 2) if fused else (6, 3)
-        bwd_bytes, bwd_kernels = 6, 3
-    else:
-        fwd_bytes, fwd_kernels = (2, 1) if fused else (4, 1)
-        bwd_bytes, bwd_kernels = 4, 1
-    for mm, nn, kk, b in gemms:
-        fwd.add(device.elementwise_s(mm * kk * b * fwd_bytes, fwd_kernels * b), 0.0, round(fwd_kernels * b))
-        bwd.add(device.elementwise_s(mm * nn * b * bwd_bytes, bwd_kernels * b), 0.0, round(bwd_kernels * b))
 
 
 def _batched(device: Device, m: float, n: float, k: float, batch: float, dtensor_ops: float) -> float:

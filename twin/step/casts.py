@@ -1,0 +1,76 @@
+"""What a layer's weights cost beside their GEMMs: the fp8 casts around each GEMM (delayed or current scaling, on a
+rank's shard where sequence parallelism gathers the operand) and, without wgrad accumulation fusion, each
+microbatch's addition of the weight gradients into their buffer. Pure functions of the GEMM shapes and the device;
+twin/step/kernels.py adds them to a layer's passes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from twin.step.compute import Device
+    from twin.step.kernels import Gemm
+
+
+@dataclass(frozen=True)
+class Casts:
+    """How an fp8 GEMM's operands are cast (cast_bytes)."""
+
+    fused: bool
+    """The kernel before wrote this GEMM's input in fp8 (delayed scaling) or with its amax (current scaling)."""
+    current: bool
+    """Current scaling (Stack.fp8_scaling "current"); else delayed."""
+    gather: int
+    """Ranks a sequence-parallel operand is gathered over (tp), 1 where nothing is gathered."""
+    column: bool
+    """Column-parallel (qkv, fc1): its input is the gathered operand; row-parallel (proj, fc2): its output
+    gradient is."""
+
+
+def cast_bytes(casts: Casts, gathered: bool, fused: bool) -> tuple[float, int]:
+    """Bytes per element of the GEMM's full operand, and kernels, of casting one bf16 operand to fp8 with the
+    transpose the other gradient GEMM reads. Where the operand is gathered over tp (sequence parallelism), each rank
+    casts its own shard (read 2, write 1) and the fp8 shards are gathered, then transposed whole (read 1, write 1:
+    Transformer Engine 1.13 module/base.py grad_output_preprocess `cast_to_fp8`, `gather_along_first_dim`,
+    `fp8_transpose`; 2.x gathers the rowwise data and makes the columnwise copy after); otherwise one cast-transpose
+    (read 2, write 1 + 1). A norm that wrote fp8 (delayed, `fused`) leaves only the transpose. Current scaling first
+    reads the operand for its amax (2) unless the kernel before computed it, and adds the scale kernel."""
+    amax = 2 if casts.current and not fused else 0
+    extra_kernels = (1 if amax else 0) + (1 if casts.current else 0)
+    if gathered:
+        local = 0 if fused and not casts.current else 3
+        return (amax + local) / casts.gather + 2, extra_kernels + (1 if local else 0) + 1
+    cast = 2 if fused and not casts.current else 4
+    return amax + cast, extra_kernels + 1
+
+
+def fp8_cast_costs(device: Device, gemms: list[Gemm], casts: Casts) -> tuple[tuple[float, int], tuple[float, int]]:
+    """(seconds, kernels) of the casts around fp8 GEMMs (cast_bytes), forward the bf16 input and backward the
+    output gradient, each with the transpose the weight-gradient GEMM reads; one set of kernels per GEMM of a batch.
+    Current scaling (Transformer Engine 2.x Float8CurrentScalingQuantizer::quantize_impl) takes each scale from the
+    tensor itself: after a norm or an activation the amax comes with the kernel's bf16 output (normalization.cpp
+    FUSED_NORM_AMAX_FP8, activation.cpp FUSED_ACTIVATION_AMAX_FP8), so the cast is whole where delayed scaling's
+    norm wrote fp8."""
+    gathered = casts.gather > 1
+    forward = cast_bytes(casts, gathered and casts.column, casts.fused)
+    backward = cast_bytes(casts, gathered and not casts.column, False)
+    out = []
+    for pick, (nbytes, kernels) in ((lambda n, k: k, forward), (lambda n, k: n, backward)):
+        seconds = count = 0.0
+        for mm, nn, kk, b in gemms:
+            seconds += device.elementwise_s(mm * pick(nn, kk) * b * nbytes, kernels * b)
+            count += round(kernels * b)
+        out.append((seconds, int(count)))
+    return out[0], out[1]
+
+
+def grad_accumulation_s(device: Device, gemms: dict[str, list[Gemm]], grad_bytes: int) -> tuple[float, float, int]:
+    """(seconds, FLOPs, kernels) without wgrad accumulation fusion (Stack.wgrad_accumulation_fusion): each weight's
+    fresh 16-bit gradient is added to its accumulation buffer every microbatch, reading 2 bytes and `grad_bytes`
+    and writing `grad_bytes` per weight, one streaming kernel per weight tensor (at the tuned-kernel bandwidth: a
+    contiguous add, not a framework reduction). The GEMM's own output, fresh or accumulated, is written under its
+    compute either way."""
+    batches = [gemm for batch in gemms.values() for gemm in batch]
+    weights = sum(nn * kk * b for _, nn, kk, b in batches)
+    return device.memory_s(weights * (2 + 2 * grad_bytes), len(batches)), 0.0, len(batches)
