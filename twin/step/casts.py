@@ -55,14 +55,15 @@ def fp8_cast_costs(device: Device, gemms: list[Gemm], casts: Casts) -> tuple[tup
     gathered = casts.gather > 1
     forward = cast_bytes(casts, gathered and casts.column, casts.fused)
     backward = cast_bytes(casts, gathered and not casts.column, False)
-    out = []
-    for pick, (nbytes, kernels) in ((lambda n, k: k, forward), (lambda n, k: n, backward)):
-        seconds = count = 0.0
-        for mm, nn, kk, b in gemms:
-            seconds += device.elementwise_s(mm * pick(nn, kk) * b * nbytes, kernels * b)
-            count += round(kernels * b)
-        out.append((seconds, int(count)))
-    return out[0], out[1]
+    inputs = [(mm * kk * b, b) for mm, _, kk, b in gemms]  # a GEMM's input is m x k, its output gradient m x n
+    gradients = [(mm * nn * b, b) for mm, nn, _, b in gemms]
+    return _casts(device, inputs, *forward), _casts(device, gradients, *backward)
+
+
+def _casts(device: Device, operands: list[tuple[float, float]], nbytes: float, kernels: int) -> tuple[float, int]:
+    """(seconds, kernels) of casting each (elements, batch) operand at `nbytes` an element, `kernels` a batch."""
+    seconds = sum(device.elementwise_s(elements * nbytes, kernels * b) for elements, b in operands)
+    return seconds, sum(round(kernels * b) for _, b in operands)
 
 
 def grad_accumulation_s(device: Device, gemms: dict[str, list[Gemm]], grad_bytes: int) -> tuple[float, float, int]:
