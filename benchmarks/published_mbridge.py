@@ -76,11 +76,11 @@ MBRIDGE_H100 = (
 SEQ = 8192
 
 RECIPE_OVERRIDES = {
-    "llama3-70b": {"tp_overlap_sms": 8.5, "tp_overlap_chunks": 4},
+    "llama3-70b": {"tp_overlap_sms": 8.5},
     "llama3-405b": {"tp_overlap_chunks": 8},
 }
-"""What each recipe's userbuffers cfg sets beyond the stack: the bulk overlaps' mean SMs (70B: 4, 24, 2, 4) and ring
-exchange's tp pieces."""
+"""What each recipe's userbuffers cfg sets beyond the stack: the bulk overlaps' mean SMs (70B: 4, 24, 2, 4; 405B's
+7.5 is the stack's) and ring exchange's tp pieces (405B's 8; 70B's 4 is the stack's)."""
 
 WGRAD_FUSION_FROM = "26.04"
 """The first release whose gradient-accumulation fusion resolves on: Megatron-Bridge 0.4.0's fusions.py accepts

@@ -12,7 +12,7 @@ import pytest
 from plan import loader
 from plan.schema import Plan
 from plan.stack import GEMMS
-from twin.step.casts import Casts, cast_bytes
+from twin.step.casts import cast_bytes
 from twin.step.compute import DTENSOR_OPS_FORWARD, Device
 from twin.step.context import StepContext, shape_of, step_context
 from twin.step.costs import amax_reduction_s, current_amax_s, stage_costs
@@ -178,8 +178,7 @@ def test_current_scaling_reads_every_cast_input_once_more_for_its_amax() -> None
     ],
 )
 def test_cast_bytes_per_element_of_the_whole_operand(current: bool, gathered: bool, fused: bool, expected) -> None:
-    casts = Casts(fused=fused, current=current, gather=4 if gathered else 1, column=True)
-    assert cast_bytes(casts, gathered, fused) == pytest.approx(expected)
+    assert cast_bytes(current, 4 if gathered else 1, fused) == pytest.approx(expected)
 
 
 def test_current_scaling_all_reduces_a_sequence_parallel_casts_amax_over_tp() -> None:

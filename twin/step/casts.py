@@ -13,6 +13,11 @@ if TYPE_CHECKING:
     from twin.step.kernels import Gemm
 
 
+COLUMN_PARALLEL = ("qkv", "fc1")
+"""The column-parallel weight GEMMs (Megatron's split of plan.stack.GEMMS): under sequence parallelism their input is
+gathered over tp; the row-parallel ones' (proj, fc2) output gradient is."""
+
+
 @dataclass(frozen=True)
 class Casts:
     """How an fp8 GEMM's operands are cast (cast_bytes)."""
@@ -24,24 +29,24 @@ class Casts:
     gather: int
     """Ranks a sequence-parallel operand is gathered over (tp), 1 where nothing is gathered."""
     column: bool
-    """Column-parallel (qkv, fc1): its input is the gathered operand; row-parallel (proj, fc2): its output
-    gradient is."""
+    """Column-parallel (COLUMN_PARALLEL): its input is the gathered operand; row-parallel: its output gradient is."""
 
 
-def cast_bytes(casts: Casts, gathered: bool, fused: bool) -> tuple[float, int]:
+def cast_bytes(current: bool, shards: int, fused: bool) -> tuple[float, int]:
     """Bytes per element of the GEMM's full operand, and kernels, of casting one bf16 operand to fp8 with the
-    transpose the other gradient GEMM reads. Where the operand is gathered over tp (sequence parallelism), each rank
-    casts its own shard (read 2, write 1) and the fp8 shards are gathered, then transposed whole (read 1, write 1:
-    Transformer Engine 1.13 module/base.py grad_output_preprocess `cast_to_fp8`, `gather_along_first_dim`,
-    `fp8_transpose`; 2.x gathers the rowwise data and makes the columnwise copy after); otherwise one cast-transpose
-    (read 2, write 1 + 1). A norm that wrote fp8 (delayed, `fused`) leaves only the transpose. Current scaling first
-    reads the operand for its amax (2) unless the kernel before computed it, and adds the scale kernel."""
-    amax = 2 if casts.current and not fused else 0
-    extra_kernels = (1 if amax else 0) + (1 if casts.current else 0)
-    if gathered:
-        local = 0 if fused and not casts.current else 3
-        return (amax + local) / casts.gather + 2, extra_kernels + (1 if local else 0) + 1
-    cast = 2 if fused and not casts.current else 4
+    transpose the other gradient GEMM reads. Where the operand is gathered from `shards` tp ranks (sequence
+    parallelism), each rank casts its own shard (read 2, write 1) and the fp8 shards are gathered, then transposed
+    whole (read 1, write 1: Transformer Engine 1.13 module/base.py grad_output_preprocess `cast_to_fp8`,
+    `gather_along_first_dim`, `fp8_transpose`; 2.x gathers the rowwise data and makes the columnwise copy after);
+    with `shards` 1, one cast-transpose (read 2, write 1 + 1). A norm that wrote fp8 (delayed, `fused`) leaves only
+    the transpose. Current scaling first reads the operand for its amax (2) unless the kernel before computed it,
+    and adds the scale kernel."""
+    amax = 2 if current and not fused else 0
+    extra_kernels = (1 if amax else 0) + (1 if current else 0)
+    if shards > 1:
+        local = 0 if fused and not current else 3
+        return (amax + local) / shards + 2, extra_kernels + (1 if local else 0) + 1
+    cast = 2 if fused and not current else 4
     return amax + cast, extra_kernels + 1
 
 
@@ -52,9 +57,8 @@ def fp8_cast_costs(device: Device, gemms: list[Gemm], casts: Casts) -> tuple[tup
     tensor itself: after a norm or an activation the amax comes with the kernel's bf16 output (normalization.cpp
     FUSED_NORM_AMAX_FP8, activation.cpp FUSED_ACTIVATION_AMAX_FP8), so the cast is whole where delayed scaling's
     norm wrote fp8."""
-    gathered = casts.gather > 1
-    forward = cast_bytes(casts, gathered and casts.column, casts.fused)
-    backward = cast_bytes(casts, gathered and not casts.column, False)
+    forward = cast_bytes(casts.current, casts.gather if casts.column else 1, casts.fused)
+    backward = cast_bytes(casts.current, 1 if casts.column else casts.gather, False)
     inputs = [(mm * kk * b, b) for mm, _, kk, b in gemms]  # a GEMM's input is m x k, its output gradient m x n
     gradients = [(mm * nn * b, b) for mm, nn, _, b in gemms]
     return _casts(device, inputs, *forward), _casts(device, gradients, *backward)

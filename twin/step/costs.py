@@ -44,11 +44,13 @@ def stage_costs(
     for stage, layers in enumerate(stage_layer_ranges(plan)):
         f, b, w = (dict.fromkeys(("compute", "recompute", "tp", "cp", "ep", "dp"), 0.0) for _ in range(3))
         kernels = {"F": 0, "B": 0}
+        moe_layers = 0
         extras = ([embedding_cost(m, shape, ctx.device, ctx.grad_bytes)] if stage == 0 else []) + (
             [head_cost(m, shape, ctx.device, ctx.stack)] if stage == lay.num_stages - 1 else []
         )
         for layer in layers:
             moe = m.is_moe and layer >= m.dense_layers
+            moe_layers += moe
             cost, comm = kinds[moe], comms[moe]
             f["compute"] += cost.forward_s
             b["compute"] += cost.backward_input_s
@@ -64,7 +66,6 @@ def stage_costs(
                 f["dp"], b["dp"] = f["dp"] + fwd, b["dp"] + bwd
         if lay.tp > 1:
             f["tp"], b["tp"] = f["tp"] + edges[stage][0], b["tp"] + edges[stage][1]
-        moe_layers = sum(1 for layer in layers if m.is_moe and layer >= m.dense_layers)
         amax = amax_reduction_s(ctx, len(layers)) + current_amax_s(ctx, len(layers), moe_layers)
         f["dp"], b["dp"] = f["dp"] + amax, b["dp"] + amax
         for extra in extras:

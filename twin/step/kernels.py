@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from plan.schema import ModelSpec
 from plan.stack import Kernel, Stack
-from twin.step.casts import Casts, fp8_cast_costs, grad_accumulation_s
+from twin.step.casts import COLUMN_PARALLEL, Casts, fp8_cast_costs, grad_accumulation_s
 from twin.step.compute import ACT_BYTES, DTENSOR_OPS_BACKWARD, DTENSOR_OPS_FORWARD, LOSS_PARALLEL_DTENSOR_OPS, Device
 
 Gemm = tuple[float, float, float, float]
@@ -193,11 +193,12 @@ def layer_cost(m: ModelSpec, shape: Shape, device: Device, stack: Stack, moe: bo
                 _add_gemm(device, gemm, (fwd, dgrad, wgrad), attention_block, forward_device)
             fwd_gemm += fwd.seconds - before
             if device.operand_bytes == 1:
+                experts = moe and kernel.gemm not in ATTENTION_GEMMS  # behind the dispatcher, not a tp gather
                 casts = Casts(
                     fused=cast_in and not routed,
                     current=stack.fp8_scaling == "current",
-                    gather=shape.tp if shape.sequence_parallel and not (moe and kernel.gemm in ("fc1", "fc2")) else 1,
-                    column=kernel.gemm in ("qkv", "fc1"),
+                    gather=shape.tp if shape.sequence_parallel and not experts else 1,
+                    column=kernel.gemm in COLUMN_PARALLEL,
                 )
                 (cast_s, cast_kernels), (grad_s, grad_kernels) = fp8_cast_costs(device, gemms[kernel.gemm], casts)
                 fwd.add(cast_s, 0.0, cast_kernels)
