@@ -63,6 +63,11 @@ def check_supported(plan: Plan) -> None:
             "model.tied_embeddings: the executor ties the embedding and output head only with pp=1 and tp=1; "
             "set tied_embeddings: false or pp=tp=1"
         )
+    if lay.expert_tp is not None:
+        raise LayoutError(
+            f"layout.expert_tp: {lay.expert_tp}: folded experts (Megatron-Core's expert tensor parallelism over "
+            "tp·cp·dp) are a twin-only layout; unset expert_tp so the executor keeps ep inside dp"
+        )
     if 0 in plan.stage_layer_counts:
         raise LayoutError(
             "layout.stage_layers / edge_stage_trim: a stage without layers (an embedding- or head-only chunk) is a "

@@ -11,6 +11,12 @@ dp · tp · pp · cp; `ep` does not multiply it. The `dp` replicas of the dense 
 the `ep` ranks of a group. So `ep` must divide `dp`; the dense weights are reduced over `dp` ranks and the expert
 weights over `dp / ep` ranks — times `cp` for both, since context-parallel ranks hold the same weights
 (`Layout.weight_replicas`, `Layout.expert_replicas`).
+
+Where `layout.expert_tp` is set, the experts get a grid of their own over the same ranks instead (Megatron-Core's
+MoE parallel folding, `expert_tensor_parallel_size`, from core 0.10): a pipeline stage's tp · cp · dp ranks, in
+rank order, split into expert-tensor-parallel groups of `expert_tp` (innermost), then `ep`, then the replicas of
+each expert shard. So `ep` may span tensor- and context-parallel ranks: DeepSeek-V3 on 1,024 H100 ran TP2 EP64
+over 32 dp replicas with expert_tp 1 (NVIDIA/dgxc-benchmarking v25.05 deepseek_v3).
 """
 
 from __future__ import annotations
@@ -66,7 +72,12 @@ class Layout(UserSection):
     cp: PositiveInt = 1
     """Context-parallel degree (ranks splitting one sequence)."""
     ep: PositiveInt = 1
-    """Expert-parallel degree (ranks sharing one MoE layer's experts); folds into dp, must divide it."""
+    """Expert-parallel degree (ranks sharing one MoE layer's experts); folds into dp, must divide it (or, with
+    `expert_tp` set, tp · cp · dp / expert_tp)."""
+    expert_tp: PositiveInt | None = None
+    """Ranks each routed expert is split over, with the experts on a grid of their own (Megatron-Core's
+    expert_tensor_parallel_size): 1 (whole experts, each tp rank dispatching its sequence-parallel shard) or tp.
+    Unset: the stack's split (Stack.moe_tensor_parallel) with `ep` inside dp."""
     zero: Literal[0, 1, 2, 3] = 0
     """ZeRO stage over the dp · cp ranks that hold the same weights: 0 none, 1 optimizer state, 2 + gradients, 3 +
     parameters (FSDP)."""
@@ -100,8 +111,19 @@ class Layout(UserSection):
 
     @model_validator(mode="after")
     def _check(self) -> Layout:
-        if self.dp % self.ep:
-            raise ValueError(f"ep: {self.ep} does not divide dp={self.dp}; expert parallelism folds into dp")
+        etp = self.expert_tp
+        if etp is not None and etp not in (1, self.tp):
+            raise ValueError(f"expert_tp: {etp} must be 1 (whole experts) or tp={self.tp} (experts split as the MLP)")
+        if etp is not None and (self.tp * self.cp * self.dp) % (etp * self.ep):
+            raise ValueError(
+                f"ep: {self.ep} · expert_tp {etp} does not divide tp·cp·dp={self.tp * self.cp * self.dp}, the ranks "
+                "of a pipeline stage the experts fold over; choose ep dividing them"
+            )
+        if etp is None and self.dp % self.ep:
+            raise ValueError(
+                f"ep: {self.ep} does not divide dp={self.dp}; expert parallelism folds into dp (set expert_tp to "
+                "fold it over tp·cp·dp as Megatron-Core's expert_tensor_parallel_size does)"
+            )
         rule = VIRTUAL_STAGE_RULES[self.schedule]
         v = self.virtual_stages
         if (rule == "1" and v != 1) or (rule == "2" and v != 2) or (rule == ">=2" and v < 2):
@@ -140,7 +162,9 @@ class Layout(UserSection):
 
     @property
     def expert_replicas(self) -> int:
-        """Ranks that hold the same routed experts: (dp / ep) · cp."""
+        """Ranks that hold the same routed experts: (dp / ep) · cp, or tp · cp · dp / (expert_tp · ep) folded."""
+        if self.expert_tp is not None:
+            return self.tp * self.cp * self.dp // (self.expert_tp * self.ep)
         return self.dp // self.ep * self.cp
 
     @property

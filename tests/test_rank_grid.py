@@ -118,3 +118,48 @@ def test_out_of_range_queries_raise() -> None:
         REFERENCE.rank(tp=8)
     with pytest.raises(ValueError, match="unknown axis"):
         REFERENCE.groups("xx")
+
+
+FOLDED = [
+    RankGrid(dp=32, tp=2, pp=4, cp=1, ep=64, etp=1),  # DeepSeek-V3's TP2 EP64 over 32 dp replicas (dgxc v25.05)
+    RankGrid(dp=4, tp=2, pp=2, cp=2, ep=4, etp=1, order=("tp", "dp", "cp", "pp")),
+    RankGrid(dp=6, tp=4, pp=1, cp=1, ep=3, etp=4, order=("cp", "tp", "pp", "dp")),
+]
+
+
+@pytest.mark.parametrize("grid", FOLDED, ids=lambda g: f"{g.dp}x{g.tp}x{g.pp}x{g.cp}e{g.ep}t{g.etp}")
+def test_folded_experts_split_each_stage_in_rank_order(grid: RankGrid) -> None:
+    # Megatron-Core's expert grid: a stage's tp·cp·dp ranks in grid order, etp innermost, then ep, then edp
+    coords = grid.all_coords()
+    stage_ranks = grid.groups("tp", "cp", "dp")  # innermost of the three fastest in the default order
+    ep, edp = grid.groups("ep"), grid.groups("edp")
+    assert ep.shape[1] == grid.ep and edp.shape[1] == grid.stage_ranks // (grid.ep * (grid.etp or 1))
+    for axes in (("ep",), ("edp",)):
+        groups = grid.groups(*axes)
+        assert np.array_equal(np.sort(groups.ravel()), np.arange(grid.world_size)), "a partition"
+        for row in groups:
+            assert len(set(coords["pp"][row].tolist())) == 1, "inside one pipeline stage"
+            assert grid.group_of(int(row[-1]), *axes) == tuple(row.tolist())
+    for row in ep:
+        assert coords["ep"][row].tolist() == list(range(grid.ep))
+        assert all(grid.coords(int(r)).ep == e for e, r in enumerate(row[:3]))
+    assert stage_ranks.shape == (grid.pp, grid.stage_ranks)
+
+
+def test_folded_at_etp_tp_is_the_unfolded_grid() -> None:
+    # with experts split as the MLP and no context parallelism, folding changes no group
+    for order in (("tp", "cp", "dp", "pp"), ("cp", "tp", "pp", "dp")):
+        plain = RankGrid(dp=8, tp=2, pp=2, cp=1, ep=4, order=order)
+        folded = RankGrid(dp=8, tp=2, pp=2, cp=1, ep=4, order=order, etp=2)
+        for axes in (("ep",), ("edp",)):
+            assert sorted(map(tuple, plain.groups(*axes).tolist())) == sorted(map(tuple, folded.groups(*axes).tolist()))
+
+
+def test_folded_expert_groups_cross_tensor_parallel_ranks() -> None:
+    grid = FOLDED[0]
+    assert grid.group_of(0, "ep") == tuple(range(64)), "64 consecutive ranks: tp pairs of 32 dp replicas"
+    assert grid.groups("edp").shape == (grid.world_size, 1), "one copy of each expert per stage"
+    with pytest.raises(ValueError, match="combine with no other axis"):
+        grid.groups("edp", "cp")
+    with pytest.raises(ValueError, match="ep=64 · etp=1 does not divide tp·cp·dp=32"):
+        RankGrid(dp=16, tp=2, pp=1, cp=1, ep=64, etp=1)

@@ -29,7 +29,7 @@ def overlapped(comm: float, compute: float, chunks: float) -> float:
 
 def tp_comm(ctx: StepContext, cost: PassCost, moe: bool = False) -> tuple[float, float]:
     """Exposed (forward, backward) seconds of one layer's tensor-parallel collectives for one microbatch. An MoE
-    layer whose stack runs the MLP whole on every tp rank (Stack.moe_tensor_parallel false, the executor: on the
+    layer that runs the MLP whole on every tp rank (kernels.expert_split 1: the executor, or expert_tp 1: on the
     whole sequence, or under sequence parallelism on the rank's own shard) has the attention block's collectives
     only. One whose experts are split under sequence parallelism routes its own shard of tokens: the dispatcher
     all-gathers the top_k copies it receives over tp before the experts and reduce-scatters them after
@@ -42,7 +42,7 @@ def tp_comm(ctx: StepContext, cost: PassCost, moe: bool = False) -> tuple[float,
     dgrad, wgrad = cost.gemm_s
     forward_gemm = cost.forward_gemm_s
     mode = stack.tp_overlap
-    split_mlp = not moe or stack.moe_tensor_parallel
+    split_mlp = not moe or mlp_tp(shape_of(ctx), moe=True) == lay.tp
     dispatched = moe and dispatches_shards(ctx)
     blocks = 2 if split_mlp else 1
     if dispatched:

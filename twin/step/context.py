@@ -104,8 +104,9 @@ class StepContext:
 
     def replica_spans(self) -> tuple[GroupSpan, GroupSpan]:
         """The ranks that hold the same dense weights (dp · cp, Layout.weight_replicas) and the same routed experts
-        ((dp / ep) · cp, Layout.expert_replicas): the groups gradients reduce and ZeRO shards over."""
-        return self.span("dp", "cp"), self.span("edp", "cp")
+        ((dp / ep) · cp, or the folded experts' edp, Layout.expert_replicas): the groups gradients reduce and ZeRO
+        shards over."""
+        return self.span("dp", "cp"), self.span("edp") if self.grid.folded else self.span("edp", "cp")
 
     def time(self, op: str, nbytes: float, span: GroupSpan) -> float:
         if self.options.free_comm:
@@ -178,7 +179,7 @@ def shape_of(ctx: StepContext) -> Shape:
         microbatch=lay.microbatch_size,
         seq_kv=m.seq_len,
         experts_local=max(1, m.experts // lay.ep) if m.is_moe else 1,
-        expert_tp=expert_split(lay.tp, ctx.stack),
+        expert_tp=expert_split(lay, ctx.stack),
         act_bytes=act_bytes(ctx.plan.training.dtype),
         grad_bytes=ctx.grad_bytes,
     )

@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from plan.schema import ModelSpec
+from plan.schema import Layout, ModelSpec
 from plan.stack import Kernel, Stack
 from twin.step.casts import COLUMN_PARALLEL, Casts, fp8_cast_costs, grad_accumulation_s
 from twin.step.compute import ACT_BYTES, DTENSOR_OPS_BACKWARD, DTENSOR_OPS_FORWARD, LOSS_PARALLEL_DTENSOR_OPS, Device
@@ -42,8 +42,7 @@ class Shape:
     experts_local: int = 1
     """Routed experts a rank holds: experts / ep."""
     expert_tp: int | None = None
-    """Ranks an MoE MLP is split over (Stack.moe_tensor_parallel): tp where None, 1 where each tp rank runs it
-    whole."""
+    """Ranks an MoE MLP is split over (kernels.expert_split): tp where None, 1 where each tp rank runs it whole."""
     act_bytes: int = ACT_BYTES
     """Bytes per activation element (4 for fp32 training, twin.step.compute.act_bytes)."""
     grad_bytes: int = 2
@@ -93,7 +92,7 @@ def tensor_sizes(m: ModelSpec, shape: Shape, moe: bool) -> dict[str, float]:
         "logits": m.vocab / t,
         "routed": m.top_k * routed_load(m) * m.hidden / shard if moe else 0.0,
         "router": m.experts / shard if moe else 0.0,
-        "experts_in": m.top_k * routed_load(m) * m.hidden / (1 if mlp_t == t else shard) if moe else 0.0,
+        "experts_in": m.top_k * routed_load(m) * m.hidden / expert_rows_shard(shape) if moe else 0.0,
     }
 
 
@@ -113,13 +112,14 @@ def weight_gemms(m: ModelSpec, shape: Shape, moe: bool) -> dict[str, list[Gemm]]
         return {**gemms, "fc1": up, "fc2": [(tokens, h, width, 1.0)]}
     assert m.moe_ffn_hidden is not None
     width = m.moe_ffn_hidden / mlp_tp(shape, moe)
-    per_expert = tokens * m.top_k / shape.experts_local * routed_load(m)  # each local expert's rows
+    routed = tokens / expert_rows_shard(shape)
+    per_expert = routed * m.top_k / shape.experts_local * routed_load(m)  # each local expert's rows
     e = float(shape.experts_local)
     fc1: list[Gemm] = [(per_expert, ups * width, h, e)]
     fc2: list[Gemm] = [(per_expert, h, width, e)]
     if m.shared_experts:
-        fc1.append((tokens, ups * width * m.shared_experts, h, 1.0))
-        fc2.append((tokens, h, width * m.shared_experts, 1.0))
+        fc1.append((routed, ups * width * m.shared_experts, h, 1.0))
+        fc2.append((routed, h, width * m.shared_experts, 1.0))
     return {**gemms, ROUTER: [(tokens, float(m.experts), h, 1.0)], "fc1": fc1, "fc2": fc2}
 
 
@@ -127,14 +127,24 @@ ROUTER = "router"
 """An MoE layer's gating GEMM, run with its fc1 (in bf16 under fp8: Device.sixteen_bit)."""
 
 
-def expert_split(tp: int, stack: Stack) -> int:
-    """Ranks an MoE MLP is split over under `stack`: tp where it splits experts as dense MLPs, else 1."""
-    return tp if stack.moe_tensor_parallel else 1
+def expert_split(lay: Layout, stack: Stack) -> int:
+    """Ranks an MoE MLP is split over: the layout's expert_tp where set (Megatron-Core's expert tensor parallelism
+    over folded experts), else under `stack` tp where it splits experts as dense MLPs, else 1."""
+    if lay.expert_tp is not None:
+        return lay.expert_tp
+    return lay.tp if stack.moe_tensor_parallel else 1
 
 
 def mlp_tp(shape: Shape, moe: bool) -> int:
     """Ranks a layer's MLP is split over: tp, or the stack's expert split for an MoE layer."""
     return (shape.expert_tp or shape.tp) if moe else shape.tp
+
+
+def expert_rows_shard(shape: Shape) -> int:
+    """Ranks whose routed tokens an expert's GEMMs leave apart: 1 where experts split over tp gather their tp group's
+    copies (or nothing is sharded), else the routing shard: whole experts on a tp rank take only its own shard's
+    copies (the executor; Megatron-Core's folded experts at expert_tp 1), and a whole shared expert its shard."""
+    return 1 if mlp_tp(shape, moe=True) == shape.tp else routing_shard(shape)
 
 
 def routing_shard(shape: Shape) -> int:

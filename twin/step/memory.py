@@ -83,8 +83,8 @@ def layer_params(plan: Plan, layer: int) -> StageParams:
 
 
 def expert_tp(plan: Plan) -> int:
-    """Ranks an MoE MLP is split over: tp where the plan's stack splits experts as dense MLPs, else 1."""
-    return expert_split(plan.layout.tp, loader.plan_stack(plan)) if plan.layout.tp > 1 else 1
+    """Ranks an MoE MLP is split over (kernels.expert_split under the plan's stack)."""
+    return expert_split(plan.layout, loader.plan_stack(plan)) if plan.layout.tp > 1 else 1
 
 
 def stage_layer_ranges(plan: Plan) -> tuple[range, ...]:
@@ -121,7 +121,7 @@ def activation_bytes(plan: Plan, stack: Stack, moe: bool) -> tuple[float, float]
     needs, and a fused attention's output and log-sum-exp. Selective recompute drops what the recomputed kernels
     wrote (the attention core's); full recompute keeps only the layer's input."""
     m, lay = plan.model, plan.layout
-    split = expert_split(lay.tp, stack)
+    split = expert_split(lay, stack)
     shape = Shape(
         lay.microbatch_size * m.seq_len // lay.cp, lay.tp, lay.sequence_parallel, seq_kv=m.seq_len, expert_tp=split
     )
