@@ -1,10 +1,10 @@
 """The twin against published figures, row by row, each in its source's own convention, worst rows first.
 
 Tables (benchmarks/published.py, published_nemotron.py, published_nemo2407.py, published_mbridge.py,
-published_mpt.py): nccl-tests bus bandwidth on one node; Narayanan et al. 2021 Table 1 (A100, TFLOP/s by the paper's
+published_deepseek.py, published_mpt.py): nccl-tests bus bandwidth on one node; Narayanan et al. 2021 Table 1 (A100, TFLOP/s by the paper's
 formula); Megatron-Core r0.8.0's H100 table (TFLOP/s by Megatron-Core's formula); the Megatron-LM A100 README table
 (MFU); Llama 3 405B Table 4 (MFU); NVIDIA's DGX Cloud recipes (step time, as throughput: Llama 3.1 and GPT-3, Grok-1,
-Nemotron-4); NeMo's H100 fp8 performance summary, 24.07 and its Llama 2 7B rows from 4k to 1M tokens, and
+Nemotron-4, DeepSeek-V3); NeMo's H100 fp8 performance summary, 24.07 and its Llama 2 7B rows from 4k to 1M tokens, and
 Megatron-Bridge's Llama 3 rows from 25.11 to 26.06 under fp8 current scaling (tokens/s per GPU); MosaicML's MPT on
 A100 under FSDP (tokens/s per GPU). Each row says its kind: `validation` (the twin was not built from that figure),
 `consistency` (a catalogue number was derived from the same published figure, so agreement only shows the arithmetic
@@ -47,6 +47,9 @@ from benchmarks.published import (
     narayanan_tflops,
     vp_label,
 )
+from benchmarks.published_deepseek import DGXC_DEEPSEEK_H100, deepseek_plan
+from benchmarks.published_deepseek import SEQ as DEEPSEEK_SEQ
+from benchmarks.published_deepseek import SOURCE as DEEPSEEK_SOURCE
 from benchmarks.published_mbridge import MBRIDGE_H100, SEQ, mbridge_plan
 from benchmarks.published_mbridge import SOURCE as MBRIDGE_SOURCE
 from benchmarks.published_mpt import MPT_A100, MPT_A100_40GB, SOURCE_40GB, MptRow, mpt_plan, mpt_tokens_per_gpu
@@ -216,6 +219,18 @@ def mbridge_rows() -> list[Row]:
     return out
 
 
+def deepseek_rows() -> list[Row]:
+    """DeepSeek-V3 671B in bf16 on DGX H100, expert parallelism folded over tp and dp (benchmarks/published_deepseek.py;
+    no fit uses them)."""
+    out = []
+    for r in DGXC_DEEPSEEK_H100:
+        plan = deepseek_plan(r)
+        step = predict(plan).step_time_s
+        what = f"deepseek-v3 bf16, {r.gpus:,} H100, TP{r.tp} PP{r.pp} EP{r.ep} (expert TP1): tokens/s per GPU"
+        out.append(_tokens_per_gpu_row(what, DEEPSEEK_SEQ * r.batch / r.gpus, r.step_s, step, DEEPSEEK_SOURCE, plan=plan))
+    return out
+
+
 def mpt_rows(rows: tuple[MptRow, ...] = MPT_A100, source: str = MPT_SOURCE) -> list[Row]:
     """MosaicML's MPT tokens per second per GPU on A100 under FSDP (benchmarks/published_mpt.py; no fit uses them)."""
     out = []
@@ -288,6 +303,7 @@ TABLES: dict[str, Callable[[], list[Row]]] = {
     "dgxc-h100": dgxc_rows,
     "dgxc-h100-moe": grok_rows,
     "dgxc-h100-nemotron": nemotron_rows,
+    "dgxc-h100-deepseek": deepseek_rows,
     "nemo-24.07-h100": nemo2407_rows,
     "nemo-long-seq-h100": nemo_long_rows,
     "mbridge-h100": mbridge_rows,

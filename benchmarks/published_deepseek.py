@@ -1,0 +1,89 @@
+"""A validation table nothing was built or fitted on: DeepSeek-V3 671B pre-training in bf16 on DGX H100, NVIDIA's
+DGX Cloud recipes of May 2025, the one published MoE run with expert parallelism wider than data parallelism.
+
+Source: NVIDIA/dgxc-benchmarking, tag v25.05.05 (container nvcr.io/nvidia/nemo:25.04.01, Megatron-Core 0.12),
+deepseek_v3/pretraining/README.md ("H100 Performance": training step time in seconds per step, the mean of
+iterations 11-44) with launch.sh and NeMo v2.3.1's scripts/performance/llm/pretrain_deepseek_v3.py, the script
+launch.sh runs. 512 H100 at TP2 PP8 EP64 (32 dp replicas, 4,096 sequences a step) and 1,024 at TP2 PP16 EP64 (32
+replicas, 8,192 sequences), sequence 4,096, micro-batch 1, no virtual stages, ETP 1.
+
+What each row runs, as the twin holds it:
+- the `deepseek-v3` model preset (61 layers, the first three dense, 256 routed experts of width 2,048 and one
+  shared, top-8, vocabulary 129,280), with multi-head latent attention priced as grouped-query attention of the
+  same widths (the preset's approximation: its attention GEMMs are ~40% more than MLA's low-rank ones, about 9% of
+  an MoE layer's FLOPs, so the twin's compute is on the slow side);
+- MoE parallel folding: `layout.expert_tp` 1, the 64 expert-parallel ranks of a stage over its tp pairs of 32
+  replicas, whole experts, each tp rank dispatching its own sequence-parallel shard (Megatron-Core's all-to-all
+  dispatcher, DeepSeekV3Config moe_token_dispatcher_type);
+- MegatronTokenDropCallback: capacity factor 1.0, every expert's input padded to capacity (USE_TOKEN_DROP);
+- the recipe's pipeline split, num_layers_in_first/last_pipeline_stage = 64 / pp − 1 and − 2 (`stage_layers`);
+- the `nemo-24.12` stack with what the script sets beyond it: Transformer Engine's cross-entropy
+  (cross_entropy_fusion_impl "te", the nemo-25.11 stack's head kernels), no userbuffers
+  (MegatronCommOverlapCallback tp_comm_overlap=False: Transformer Engine's own backward overlap);
+- no recompute of the attention core: the recipe recomputes only MLA's up-projections (recompute_modules
+  mla_up_proj, which the twin has no GEMM of; a few percent of a layer).
+
+Not modelled, so the rows lean optimistic for them: the multi-token-prediction module the pre-training recipe
+keeps (use_mtp True: one more MoE layer and output head on the last stage, which its two layers make room for),
+the shared expert's overlap with the all-to-all (moe_shared_expert_overlap), and PerfEnvPlugin's vboost.
+
+Run as part of benchmarks/published_figures.py.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from benchmarks.published import _cluster, _layout
+from plan import loader
+from plan.schema import Plan
+from twin import api
+
+SOURCE = "NVIDIA/dgxc-benchmarking v25.05.05 (NeMo 25.04.01), deepseek_v3/pretraining/README.md"
+SEQ = 4096
+
+TE_CROSS_ENTROPY = [k.model_dump() for k in loader.load_stack("nemo-25.11").head_kernels]
+"""Transformer Engine's cross-entropy on the bf16 logits (cross_entropy_fusion_impl "te")."""
+
+
+@dataclass(frozen=True)
+class DeepseekRow:
+    gpus: int
+    tp: int
+    pp: int
+    ep: int
+    batch: int
+    step_s: float
+    """Published training step time (seconds per step)."""
+
+
+DGXC_DEEPSEEK_H100 = (
+    DeepseekRow(512, 2, 8, 64, 4096, 48.948),
+    DeepseekRow(1024, 2, 16, 64, 8192, 52.04),
+)
+
+
+def stage_layers(pp: int, layers: int = 61) -> tuple[int, ...]:
+    """The recipe's split: 64 / pp layers a middle stage, one fewer on the first and two fewer on the last."""
+    middle = 64 // pp
+    split = (middle - 1, *([middle] * (pp - 2)), middle - 2)
+    assert sum(split) == layers, split
+    return split
+
+
+def deepseek_plan(row: DeepseekRow) -> Plan:
+    dp = row.gpus // (row.tp * row.pp)
+    model = loader.expand_model({"model": "deepseek-v3"}, "deepseek-v3")["model"]
+    return api.load_plan(
+        {
+            "name": f"dgxc-deepseek-v3-{row.gpus}-bf16",
+            "model": {**model, "seq_len": SEQ, "capacity_factor": 1.0},
+            "cluster": _cluster("dgx-h100-superpod", row.gpus, 16384),
+            "stack": {"name": "nemo-24.12", "overrides": {"head_kernels": TE_CROSS_ENTROPY, "tp_overlap": "backward"}},
+            "layout": _layout(
+                row.tp, row.pp, dp, 1, 1, ep=row.ep, expert_tp=1, zero=1, sequence_parallel=True,
+                stage_layers=stage_layers(row.pp),
+            ),  # fmt: skip
+            "training": {"global_batch": row.batch, "tokens": 1e12, "dtype": "bf16"},
+        }
+    )
