@@ -74,16 +74,15 @@ def stage_layers(pp: int, layers: int = 61) -> tuple[int, ...]:
 def deepseek_plan(row: DeepseekRow) -> Plan:
     dp = row.gpus // (row.tp * row.pp)
     model = loader.expand_model({"model": "deepseek-v3"}, "deepseek-v3")["model"]
+    folded = {"ep": row.ep, "expert_tp": 1, "zero": 1, "sequence_parallel": True}
+    layout = _layout(row.tp, row.pp, dp, 1, 1, stage_layers=stage_layers(row.pp), **folded)
     return api.load_plan(
         {
             "name": f"dgxc-deepseek-v3-{row.gpus}-bf16",
             "model": {**model, "seq_len": SEQ, "capacity_factor": 1.0},
             "cluster": _cluster("dgx-h100-superpod", row.gpus, 16384),
             "stack": {"name": "nemo-24.12", "overrides": {"head_kernels": TE_CROSS_ENTROPY, "tp_overlap": "backward"}},
-            "layout": _layout(
-                row.tp, row.pp, dp, 1, 1, ep=row.ep, expert_tp=1, zero=1, sequence_parallel=True,
-                stage_layers=stage_layers(row.pp),
-            ),  # fmt: skip
+            "layout": layout,
             "training": {"global_batch": row.batch, "tokens": 1e12, "dtype": "bf16"},
         }
     )

@@ -1,16 +1,16 @@
 """The twin against published figures, row by row, each in its source's own convention, worst rows first.
 
 Tables (benchmarks/published.py, published_nemotron.py, published_nemo2407.py, published_mbridge.py,
-published_deepseek.py, published_mpt.py): nccl-tests bus bandwidth on one node; Narayanan et al. 2021 Table 1 (A100, TFLOP/s by the paper's
-formula); Megatron-Core r0.8.0's H100 table (TFLOP/s by Megatron-Core's formula); the Megatron-LM A100 README table
-(MFU); Llama 3 405B Table 4 (MFU); NVIDIA's DGX Cloud recipes (step time, as throughput: Llama 3.1 and GPT-3, Grok-1,
-Nemotron-4, DeepSeek-V3); NeMo's H100 fp8 performance summary, 24.07 and its Llama 2 7B rows from 4k to 1M tokens, and
-Megatron-Bridge's Llama 3 rows from 25.11 to 26.06 under fp8 current scaling (tokens/s per GPU); MosaicML's MPT on
-A100 under FSDP (tokens/s per GPU). Each row says its kind: `validation` (the twin was not built from that figure),
-`consistency` (a catalogue number was derived from the same published figure, so agreement only shows the arithmetic
-is consistent) or `fit` (the row is in the table an accelerator's one fitted constant was fitted on). Prints a table
-per source with mean and worst absolute error (and, beside a fit, the rows left out of it) and writes
-benchmarks/results/published_figures.json.
+published_deepseek.py, published_mpt.py): nccl-tests bus bandwidth on one node; Narayanan et al. 2021 Table 1 (A100,
+TFLOP/s by the paper's formula); Megatron-Core r0.8.0's H100 table (TFLOP/s by Megatron-Core's formula); the
+Megatron-LM A100 README table (MFU); Llama 3 405B Table 4 (MFU); NVIDIA's DGX Cloud recipes (step time, as
+throughput: Llama 3.1 and GPT-3, Grok-1, Nemotron-4, DeepSeek-V3); NeMo's H100 fp8 performance summary, 24.07 and its
+Llama 2 7B rows from 4k to 1M tokens, and Megatron-Bridge's Llama 3 rows from 25.11 to 26.06 under fp8 current
+scaling (tokens/s per GPU); MosaicML's MPT on A100 under FSDP (tokens/s per GPU). Each row says its kind:
+`validation` (the twin was not built from that figure), `consistency` (a catalogue number was derived from the same
+published figure, so agreement only shows the arithmetic is consistent) or `fit` (the row is in the table an
+accelerator's one fitted constant was fitted on). Prints a table per source with mean and worst absolute error (and,
+beside a fit, the rows left out of it) and writes benchmarks/results/published_figures.json.
 Run: `python benchmarks/published_figures.py`.
 """
 
@@ -227,7 +227,8 @@ def deepseek_rows() -> list[Row]:
         plan = deepseek_plan(r)
         step = predict(plan).step_time_s
         what = f"deepseek-v3 bf16, {r.gpus:,} H100, TP{r.tp} PP{r.pp} EP{r.ep} (expert TP1): tokens/s per GPU"
-        out.append(_tokens_per_gpu_row(what, DEEPSEEK_SEQ * r.batch / r.gpus, r.step_s, step, DEEPSEEK_SOURCE, plan=plan))
+        published = DEEPSEEK_SEQ * r.batch / r.gpus
+        out.append(_tokens_per_gpu_row(what, published, r.step_s, step, DEEPSEEK_SOURCE, plan=plan))
     return out
 
 
