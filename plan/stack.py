@@ -143,6 +143,13 @@ class Stack(UserSection):
     collectives around them (Megatron-Core's expert tensor parallelism, equal to tp by default); false: every tp rank
     runs the MoE MLP whole on the whole sequence, holding whole experts and needing no collective around it (the
     executor's layers)."""
+    ep_overlap: bool = False
+    """Megatron-Core's expert-parallel all-to-all overlap (overlap_moe_expert_parallel_comm, Megatron-Bridge's
+    moe_a2a_overlap; core 0.14 on): the combined 1F1B co-schedules one microbatch's forward with another's backward
+    layer by layer, each one's dispatch and combine hidden behind the other's attention and MLP compute
+    (megatron/core/pipeline_parallel/combined_1f1b.py). It pairs interleaved 1F1B's steady phase, or every forward
+    with the previous backward without pipelining; warm-up and cool-down run alone. False: every all-to-all is
+    exposed (DualPipe's own pairs aside)."""
     fp8_dispatch: bool = False
     """An fp8 plan's expert-parallel dispatch all-to-all moves fp8 tokens (DeepSeek-V3 §3.3.2 quantizes them before
     dispatch; the combine stays BF16); false: dispatch and combine move 16-bit tokens (Megatron-Core 0.10's

@@ -11,6 +11,7 @@ from twin.step.context import shape_of, step_context
 from twin.step.kernels import weight_gemms
 from twin.step.memory import layer_params
 from twin.step.predict import PredictOptions, predict
+from twin.step.schedules import build
 
 H100 = ["cluster=dgx-h100-superpod", "stack=nemo-24.12", "layout.sequence_parallel=true", "layout.pp=1"]
 
@@ -80,3 +81,50 @@ def test_the_executor_refuses_folded_experts() -> None:
     plan = loader.load("cpu-tiny-moe", ["layout.tp=2", "layout.dp=2", "layout.ep=4", "layout.expert_tp=1"])
     with pytest.raises(LayoutError, match="twin-only layout; unset expert_tp"):
         check_supported(plan)
+
+
+def test_the_combined_1f1b_pairs_the_steady_phase_only() -> None:
+    """Megatron-Core's combined 1F1B: interleaved 1F1B's steady forward-backward pairs are co-scheduled, warm-up
+    and cool-down run alone; without pipelining each backward runs with the next forward."""
+    pp, v, m = 4, 2, 8
+    for r, order in enumerate(build("interleaved-1f1b", pp, v, m, paired=True)):
+        plain = build("interleaved-1f1b", pp, v, m)[r]
+        assert [(a.kind, a.microbatch, a.stage) for a in order] == [(a.kind, a.microbatch, a.stage) for a in plain]
+        warmup = min(2 * (pp - 1 - r) + (v - 1) * pp, m * v)
+        flags = [a.overlap for a in order]
+        steady = 2 * (m * v - warmup)
+        assert flags == [False] * warmup + [True] * steady + [False] * warmup
+    alone = build("1f1b", 1, 1, 4, paired=True)[0]
+    assert [(a.kind, a.microbatch, a.overlap) for a in alone] == [
+        ("F", 0, False), ("B", 0, True), ("F", 1, True), ("B", 1, True), ("F", 2, True), ("B", 2, True),
+        ("F", 3, True), ("B", 3, False),
+    ]  # fmt: skip
+    with pytest.raises(ValueError, match="no combined 1F1B"):
+        build("1f1b", 4, 1, 8, paired=True)
+
+
+def _overlap_plan(ep_overlap: bool, schedule: list[str]):
+    return _plan(["layout.tp=1", "layout.dp=8", "layout.ep=8", "stack=megatron-core-0.8", "training.global_batch=64",
+                  f"stack.overrides.ep_overlap={str(ep_overlap).lower()}", *schedule])  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("schedule", "hidden"),
+    [
+        (["layout.pp=2", "layout.schedule=interleaved-1f1b", "layout.virtual_stages=2"], True),
+        (["layout.pp=1"], True),
+        (["layout.pp=2", "layout.schedule=1f1b"], False),  # Megatron-Core asks for virtual stages where pp > 1
+    ],
+)
+def test_the_expert_parallel_overlap_hides_paired_all_to_alls(schedule: list[str], hidden: bool) -> None:
+    """Stack.ep_overlap: each paired action's all-to-all hides behind compute, so the exposed EP time falls and the
+    rest of the step's compute is unchanged; a schedule Megatron-Core cannot pair keeps every all-to-all."""
+    alone, paired = (
+        predict(_overlap_plan(flag, schedule), options=PredictOptions(stragglers=False)) for flag in (False, True)
+    )
+    assert paired.breakdown_s["compute"] == pytest.approx(alone.breakdown_s["compute"], rel=1e-12)
+    if hidden:
+        assert paired.breakdown_s["ep_comm"] < 0.9 * alone.breakdown_s["ep_comm"]
+        assert paired.step_time_s < alone.step_time_s
+    else:
+        assert paired.step_time_s == pytest.approx(alone.step_time_s, rel=1e-12)

@@ -102,8 +102,8 @@ def _contention(ctx: StepContext, overlap_s: float) -> float:
 
 def layer_comm(ctx: StepContext, cost: PassCost, moe: bool, paired: bool = False) -> dict[str, tuple[float, float]]:
     """Exposed (forward, backward) seconds of one layer's TP, CP and EP communication for one microbatch.
-    `paired`: the action runs in an overlapped forward-backward pair (DualPipe), whose compute hides its
-    expert-parallel all-to-all."""
+    `paired`: the action runs in an overlapped forward-backward pair (DualPipe, Megatron-Core's combined 1F1B),
+    whose compute hides its expert-parallel all-to-all."""
     m, lay = ctx.plan.model, ctx.plan.layout
     tokens = lay.microbatch_size * m.seq_len // lay.cp
     out = {"tp": (0.0, 0.0), "cp": (0.0, 0.0), "ep": (0.0, 0.0)}

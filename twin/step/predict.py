@@ -163,7 +163,7 @@ def _predict(plan: Plan, cluster: Cluster | None, options: PredictOptions) -> St
         orders=(),  # each simulation's own, below
         stage_rank=schedules.stage_ranks(lay.schedule, lay.pp, lay.num_stages),
         costs=stage_costs(ctx, kinds),
-        overlap_costs=stage_costs(ctx, kinds, paired=True) if _pairs_hide_all_to_all(plan) else {},
+        overlap_costs=stage_costs(ctx, kinds, paired=True) if _pairs_hide_all_to_all(ctx) else {},
         p2p_s=p2p_costs(ctx),
         split_w=schedules.splits_weight_grad(lay.schedule),
         dp_stage_s=reduce_s,
@@ -174,7 +174,8 @@ def _predict(plan: Plan, cluster: Cluster | None, options: PredictOptions) -> St
         host=host_sharing(ctx),
         blocking_sends=not ctx.stack.pp_overlap,
     )
-    orders_for = functools.partial(schedules.build, lay.schedule, lay.pp, lay.virtual_stages)
+    paired = _combined_1f1b(ctx)
+    orders_for = functools.partial(schedules.build, lay.schedule, lay.pp, lay.virtual_stages, paired=paired)
     if options.every_microbatch:
         result = simulate(replace(inp, orders=orders_for(plan.num_microbatches)))
     else:
@@ -182,9 +183,18 @@ def _predict(plan: Plan, cluster: Cluster | None, options: PredictOptions) -> St
     return _summarise(ctx, result, rank_memory(plan, cluster, ctx.stack), param_gather, kinds)
 
 
-def _pairs_hide_all_to_all(plan: Plan) -> bool:
-    """DualPipe's overlapped pairs hide expert-parallel all-to-alls; elsewhere a pair costs what its halves do."""
-    return plan.layout.schedule == "dualpipe-v" and plan.model.is_moe and plan.layout.ep > 1
+def _combined_1f1b(ctx: StepContext) -> bool:
+    """Whether the stack co-schedules forwards with backwards to hide the all-to-alls (Stack.ep_overlap), on a
+    schedule Megatron-Core's combined 1F1B runs, for an expert-parallel MoE plan."""
+    lay, m = ctx.plan.layout, ctx.plan.model
+    return ctx.stack.ep_overlap and m.is_moe and lay.ep > 1 and schedules.pairs_forward_backward(lay.schedule, lay.pp)
+
+
+def _pairs_hide_all_to_all(ctx: StepContext) -> bool:
+    """DualPipe's overlapped pairs, and the combined 1F1B's, hide expert-parallel all-to-alls; elsewhere a pair
+    costs what its halves do."""
+    lay, m = ctx.plan.layout, ctx.plan.model
+    return (lay.schedule == "dualpipe-v" and m.is_moe and lay.ep > 1) or _combined_1f1b(ctx)
 
 
 def _summarise(

@@ -43,7 +43,8 @@ class Action:
     microbatch: int
     stage: int
     overlap: bool = False
-    """Part of an overlapped forward-backward pair (DualPipe): its all-to-all hides behind the pair's compute."""
+    """Part of an overlapped forward-backward pair (DualPipe, or Megatron-Core's combined 1F1B): its all-to-all
+    hides behind the pair's compute."""
 
 
 SPLIT_W = frozenset({"zb-h1", "zbv", "dualpipe-v"})
@@ -95,21 +96,31 @@ step simulated whole at 3,072 microbatches over pp 16 holds 295k, and after thre
 as lru_cache kept them) a full collection took 0.6 s."""
 
 
-def build(schedule: str, pp: int, virtual_stages: int, microbatches: int) -> Orders:
+def build(schedule: str, pp: int, virtual_stages: int, microbatches: int, paired: bool = False) -> Orders:
     """Per-rank action lists for one step, the same object for the same arguments while it is kept (which
-    twin/step/pipeline_steps.py keeps its own answers by)."""
+    twin/step/pipeline_steps.py keeps its own answers by). `paired`: Megatron-Core's combined 1F1B
+    (`pairs_forward_backward`), whose co-scheduled forward and backward are marked `overlap`."""
     return _BUILT.get_or_make(
-        (schedule, pp, virtual_stages, microbatches),
-        lambda: _build(schedule, pp, virtual_stages, microbatches),
+        (schedule, pp, virtual_stages, microbatches, paired),
+        lambda: _build(schedule, pp, virtual_stages, microbatches, paired),
         lambda orders: sum(len(order) for order in orders),
     )
 
 
-def _build(schedule: str, pp: int, v: int, m: int) -> Orders:
+def pairs_forward_backward(schedule: str, pp: int) -> bool:
+    """Whether Megatron-Core's combined 1F1B (overlap_moe_expert_parallel_comm) can pair this schedule's forwards
+    and backwards: interleaved 1F1B, or 1F1B without pipelining (megatron/core/transformer/transformer_config.py
+    asserts virtual_pipeline_model_parallel_size where pp > 1; pipeline_parallel/combined_1f1b.py)."""
+    return schedule == "interleaved-1f1b" or (schedule == "1f1b" and pp == 1)
+
+
+def _build(schedule: str, pp: int, v: int, m: int, paired: bool = False) -> Orders:
+    if paired and not pairs_forward_backward(schedule, pp):
+        raise ValueError(f"schedule {schedule!r} at pp={pp} has no combined 1F1B: use interleaved-1f1b or pp=1")
     rules = {
         "gpipe": lambda r: _gpipe(r, m),
-        "1f1b": lambda r: _one_f_one_b(r, pp, m),
-        "interleaved-1f1b": lambda r: _interleaved(r, pp, v, m),
+        "1f1b": lambda r: _one_f_one_b(r, pp, m, paired),
+        "interleaved-1f1b": lambda r: _interleaved(r, pp, v, m, paired),
         "zb-h1": lambda r: _zb_h1(r, pp, m),
         "zbv": lambda r: _zbv(r, pp, m),
         "dualpipe-v": lambda r: _DualPipeV(r, pp, m).actions(),
@@ -124,33 +135,38 @@ def _gpipe(r: int, m: int) -> list[Action]:
     return [Action("F", j, r) for j in range(m)] + [Action("B", j, r) for j in range(m)]
 
 
-def _one_f_one_b(r: int, p: int, m: int) -> list[Action]:
-    """PipeDream-Flush 1F1B: p-1-r warm-up forwards, then one forward and one backward in turn, then the rest."""
+def _one_f_one_b(r: int, p: int, m: int, paired: bool = False) -> list[Action]:
+    """PipeDream-Flush 1F1B: p-1-r warm-up forwards, then one forward and one backward in turn, then the rest.
+    `paired` (pp 1 only): Megatron-Core's combined 1F1B without pipelining runs each backward with the next
+    microbatch's forward (combined_1f1b_schedule_for_no_pipelining); the first forward and the last backward run
+    alone."""
     warmup = min(p - 1 - r, m)
     order = [Action("F", j, r) for j in range(warmup)]
     for i in range(m - warmup):
-        order += [Action("F", warmup + i, r), Action("B", i, r)]
+        j = warmup + i
+        order += [Action("F", j, r, paired and j > 0), Action("B", i, r, paired and i < m - 1)]
     return order + [Action("B", j, r) for j in range(m - warmup, m)]
 
 
-def _interleaved(r: int, p: int, v: int, m: int) -> list[Action]:
+def _interleaved(r: int, p: int, v: int, m: int, paired: bool = False) -> list[Action]:
     """Megatron-LM's interleaved 1F1B: virtual microbatch k runs chunk (k // p) % v; warm-up of
-    2(p-1-r) + (v-1)p forwards (megatron/core/pipeline_parallel/schedules.py)."""
+    2(p-1-r) + (v-1)p forwards (megatron/core/pipeline_parallel/schedules.py). `paired`: the steady phase's
+    forward and backward run as one co-scheduled unit (Megatron-Core's combined 1F1B)."""
     total = m * v
 
     def mb(k: int) -> int:
         return (k // (p * v)) * p + k % p
 
-    def fwd(k: int) -> Action:
-        return Action("F", mb(k), ((k // p) % v) * p + r)
+    def fwd(k: int, overlap: bool = False) -> Action:
+        return Action("F", mb(k), ((k // p) % v) * p + r, overlap)
 
-    def bwd(k: int) -> Action:
-        return Action("B", mb(k), (v - 1 - (k // p) % v) * p + r)
+    def bwd(k: int, overlap: bool = False) -> Action:
+        return Action("B", mb(k), (v - 1 - (k // p) % v) * p + r, overlap)
 
     warmup = min(2 * (p - 1 - r) + (v - 1) * p, total)
     order = [fwd(k) for k in range(warmup)]
     for k in range(total - warmup):
-        order += [fwd(warmup + k), bwd(k)]
+        order += [fwd(warmup + k, paired), bwd(k, paired)]
     return order + [bwd(k) for k in range(total - warmup, total)]
 
 
