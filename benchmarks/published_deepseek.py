@@ -9,9 +9,9 @@ replicas, 8,192 sequences), sequence 4,096, micro-batch 1, no virtual stages, ET
 
 What each row runs, as the twin holds it:
 - the `deepseek-v3` model preset (61 layers, the first three dense, 256 routed experts of width 2,048 and one
-  shared, top-8, vocabulary 129,280), with multi-head latent attention priced as grouped-query attention of the
-  same widths (the preset's approximation: its attention GEMMs are ~40% more than MLA's low-rank ones, about 9% of
-  an MoE layer's FLOPs, so the twin's compute is on the slow side);
+  shared, top-8, vocabulary 129,280, multi-head latent attention: query latent 1,536, key-value latent 512, heads
+  of 128 + 64 RoPE, values of 128), its down-projections whole on each tp rank and the up-projections split, as
+  Megatron-Core's multi_latent_attention.py builds them;
 - MoE parallel folding: `layout.expert_tp` 1, the 64 expert-parallel ranks of a stage over its tp pairs of 32
   replicas, whole experts, each tp rank dispatching its own sequence-parallel shard (Megatron-Core's all-to-all
   dispatcher, DeepSeekV3Config moe_token_dispatcher_type);
@@ -21,11 +21,13 @@ What each row runs, as the twin holds it:
   (cross_entropy_fusion_impl "te", the nemo-25.11 stack's head kernels), no userbuffers
   (MegatronCommOverlapCallback tp_comm_overlap=False: Transformer Engine's own backward overlap);
 - no recompute of the attention core: the recipe recomputes only MLA's up-projections (recompute_modules
-  mla_up_proj, which the twin has no GEMM of; a few percent of a layer).
+  mla_up_proj: `Stack.mla_up_recompute`, the latents kept instead of the heads).
 
-Not modelled, so the rows lean optimistic for them: the multi-token-prediction module the pre-training recipe
-keeps (use_mtp True: one more MoE layer and output head on the last stage, which its two layers make room for),
-the shared expert's overlap with the all-to-all (moe_shared_expert_overlap), and PerfEnvPlugin's vboost.
+Not modelled: the multi-token-prediction module the pre-training recipe keeps (use_mtp True: one more MoE layer and
+output head on the last stage, which its two layers make room for; in 1F1B the last stage stays below a middle
+one), MLA's own memory-bound kernels (the latent norms, the unfused partial RoPE, the split and concatenation of
+each head's RoPE and non-RoPE parts), the shared expert's overlap with the all-to-all (moe_shared_expert_overlap),
+and PerfEnvPlugin's vboost.
 
 Run as part of benchmarks/published_figures.py.
 """
@@ -44,6 +46,11 @@ SEQ = 4096
 
 TE_CROSS_ENTROPY = [k.model_dump() for k in loader.load_stack("nemo-25.11").head_kernels]
 """Transformer Engine's cross-entropy on the bf16 logits (cross_entropy_fusion_impl "te")."""
+
+
+RECIPE_OVERRIDES = {"head_kernels": TE_CROSS_ENTROPY, "tp_overlap": "backward", "mla_up_recompute": True}
+"""What pretrain_deepseek_v3.py and launch.sh set beyond the stack: Transformer Engine's cross-entropy, no
+userbuffers (Transformer Engine's own backward overlap), recompute_modules mla_up_proj."""
 
 
 @dataclass(frozen=True)
@@ -81,7 +88,7 @@ def deepseek_plan(row: DeepseekRow) -> Plan:
             "name": f"dgxc-deepseek-v3-{row.gpus}-bf16",
             "model": {**model, "seq_len": SEQ, "capacity_factor": 1.0},
             "cluster": _cluster("dgx-h100-superpod", row.gpus, 16384),
-            "stack": {"name": "nemo-24.12", "overrides": {"head_kernels": TE_CROSS_ENTROPY, "tp_overlap": "backward"}},
+            "stack": {"name": "nemo-24.12", "overrides": RECIPE_OVERRIDES},
             "layout": layout,
             "training": {"global_batch": row.batch, "tokens": 1e12, "dtype": "bf16"},
         }

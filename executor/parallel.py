@@ -63,6 +63,11 @@ def check_supported(plan: Plan) -> None:
             "model.tied_embeddings: the executor ties the embedding and output head only with pp=1 and tp=1; "
             "set tied_embeddings: false or pp=tp=1"
         )
+    if m.is_mla:
+        raise LayoutError(
+            "model.kv_lora_rank: multi-head latent attention is a twin-only model for now; the executor's layers "
+            "project keys and values from the hidden state (drop kv_lora_rank, q_lora_rank and rope_head_dim)"
+        )
     if lay.expert_tp is not None:
         raise LayoutError(
             f"layout.expert_tp: {lay.expert_tp}: folded experts (Megatron-Core's expert tensor parallelism over "

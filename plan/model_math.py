@@ -1,7 +1,8 @@
 """Parameter counts and model FLOPs per token: the one MFU definition the twin and the executor share.
 
 Model FLOPs follow PaLM (Chowdhery et al. 2022, appendix B): 6 FLOPs per active matmul parameter per token
-(2 forward, 4 backward) plus 12 · layers · heads · head_dim · seq_len for the attention scores and their weighting,
+(2 forward, 4 backward) plus 12 · layers · heads · head_dim · seq_len for the attention scores and their weighting
+(head_dim the mean of the query-key and value widths where they differ, as under latent attention),
 counted without causal masking and without recompute — the convention of Megatron-LM's reported MFU, so figures
 compare across tools. Embedding lookups are not matmuls and count no FLOPs; the output head does.
 """
@@ -28,10 +29,33 @@ class ParamCount:
 
 
 def attention_params(m: ModelSpec) -> int:
-    """Q, K, V and output projections of one layer (no biases, as Llama)."""
+    """Q, K, V and output projections of one layer (no biases, as Llama); under multi-head latent attention the
+    down- and up-projections and the two latent norms (DeepSeek-V3 §2.1.1)."""
+    if m.is_mla:
+        return latent_down_params(m) + latent_up_params(m) + m.heads * m.v_dim * m.hidden
     q = m.heads * m.d_head
     kv = m.n_kv_heads * m.d_head
     return m.hidden * (q + 2 * kv) + q * m.hidden
+
+
+def latent_down_params(m: ModelSpec) -> int:
+    """Multi-head latent attention's down-projections (to the query and key-value latents and the shared RoPE key)
+    and the latents' norms: what Megatron-Core keeps whole on every tensor-parallel rank (multi_latent_attention.py
+    builds linear_q_down_proj and linear_kv_down_proj with parallel_mode "duplicated"); 0 without MLA."""
+    if not m.is_mla:
+        return 0
+    assert m.kv_lora_rank is not None
+    q_lora = m.q_lora_rank or 0
+    return m.hidden * (q_lora + m.kv_lora_rank + m.rope_head_dim) + q_lora + m.kv_lora_rank
+
+
+def latent_up_params(m: ModelSpec) -> int:
+    """Multi-head latent attention's up-projections, split over tp as column-parallel layers: the query heads (from
+    the query latent, or from the hidden state without one) and each head's key and value from the key-value
+    latent."""
+    assert m.kv_lora_rank is not None
+    q_in = m.q_lora_rank or m.hidden
+    return q_in * m.heads * m.qk_head_dim + m.kv_lora_rank * m.heads * (m.d_head + m.v_dim)
 
 
 def mlp_params(m: ModelSpec, width: int) -> int:
@@ -78,7 +102,7 @@ def param_count(m: ModelSpec) -> ParamCount:
 
 def model_flops_per_token(m: ModelSpec) -> float:
     """Training FLOPs per token, forward and backward, by the PaLM convention above (FLOP/token)."""
-    attention_scores = 12 * m.layers * m.heads * m.d_head * m.seq_len
+    attention_scores = 12 * m.layers * m.heads * m.attention_width * m.seq_len
     return 6.0 * param_count(m).matmul_active + attention_scores
 
 
@@ -86,7 +110,7 @@ def recompute_flops_per_token(m: ModelSpec, recompute: str) -> float:
     """FLOPs per token that recompute adds, counted as model FLOPs are (Korthikanti et al. 2022's hardware FLOPs
     utilisation): full recompute reruns each layer's forward (a third of its 6N share, attention included);
     selective reruns the attention scores and weighting (4 · layers · heads · head_dim · seq_len)."""
-    attention = 4 * m.layers * m.heads * m.d_head * m.seq_len
+    attention = 4 * m.layers * m.heads * m.attention_width * m.seq_len
     if recompute == "full":
         layer_params = param_count(m).matmul_active - m.vocab * m.hidden
         return 2.0 * layer_params + attention

@@ -24,7 +24,19 @@ class ModelSpec(UserSection):
     kv_heads: PositiveInt | None = None
     """Key/value heads for grouped-query attention (count); defaults to `heads` (multi-head attention)."""
     head_dim: PositiveInt | None = None
-    """Width of one attention head (elements); defaults to hidden / heads."""
+    """Width of one attention head (elements); defaults to hidden / heads. Under multi-head latent attention, the
+    query and key width each head has besides its RoPE part (DeepSeek-V3's qk_nope_head_dim, 128)."""
+    kv_lora_rank: PositiveInt | None = None
+    """Multi-head latent attention (DeepSeek-V2 §2.1, DeepSeek-V3 §2.1.1): keys and values are projected down to this
+    rank, plus a shared RoPE key of `rope_head_dim`, and up again per head (elements; 512 in DeepSeek-V3). Unset:
+    keys and values are projected from the hidden state (multi-head or grouped-query attention)."""
+    q_lora_rank: PositiveInt | None = None
+    """Multi-head latent attention's query compression rank (elements; 1,536 in DeepSeek-V3); unset: queries are
+    projected from the hidden state directly."""
+    rope_head_dim: NonNegativeInt = 0
+    """Multi-head latent attention's decoupled RoPE width, added to each head's query and key (elements; 64)."""
+    v_head_dim: PositiveInt | None = None
+    """Width of one value head (elements); defaults to head_dim (DeepSeek-V3: 128 against a 192-wide query)."""
     ffn_hidden: PositiveInt
     """Inner width of a dense MLP (elements)."""
     vocab: PositiveInt
@@ -75,6 +87,11 @@ class ModelSpec(UserSection):
                 raise ValueError(f"dense_layers: {self.dense_layers} leaves no MoE layer of layers={self.layers}")
         elif self.top_k or self.shared_experts:
             raise ValueError("experts: 0 (dense) but top_k or shared_experts is set; set experts or drop them")
+        if self.kv_lora_rank is None and (self.q_lora_rank or self.rope_head_dim):
+            raise ValueError("q_lora_rank / rope_head_dim: multi-head latent attention needs kv_lora_rank; set it")
+        if self.kv_lora_rank is not None and self.n_kv_heads != self.heads:
+            raise ValueError(f"kv_heads: {self.n_kv_heads}; latent attention gives every head its own key and value, "
+                             f"so set kv_heads to heads={self.heads} or drop it")  # fmt: skip
         return self
 
     @property
@@ -86,6 +103,27 @@ class ModelSpec(UserSection):
     def d_head(self) -> int:
         """Width of one attention head after defaulting (elements)."""
         return self.head_dim or self.hidden // self.heads
+
+    @property
+    def is_mla(self) -> bool:
+        """Multi-head latent attention (kv_lora_rank set)."""
+        return self.kv_lora_rank is not None
+
+    @property
+    def qk_head_dim(self) -> int:
+        """Width of one query (and key) head the attention core multiplies: head_dim plus the RoPE part (elements)."""
+        return self.d_head + self.rope_head_dim
+
+    @property
+    def v_dim(self) -> int:
+        """Width of one value head (elements)."""
+        return self.v_head_dim or self.d_head
+
+    @property
+    def attention_width(self) -> float:
+        """Mean of the query-key and value head widths: what the attention core's two products scale with (d_head
+        where they are equal)."""
+        return (self.qk_head_dim + self.v_dim) / 2
 
     @property
     def is_moe(self) -> bool:

@@ -143,6 +143,10 @@ class Stack(UserSection):
     collectives around them (Megatron-Core's expert tensor parallelism, equal to tp by default); false: every tp rank
     runs the MoE MLP whole on the whole sequence, holding whole experts and needing no collective around it (the
     executor's layers)."""
+    mla_up_recompute: bool = False
+    """Under multi-head latent attention the query, key and value up-projections rerun in the backward from the kept
+    latents, so their wide outputs are not kept (DeepSeek-V3 §3.3.3, "we recompute all RMSNorm operations and MLA
+    up-projections during back-propagation"; Megatron-Core's recompute_modules "mla_up_proj")."""
     ep_overlap: bool = False
     """Megatron-Core's expert-parallel all-to-all overlap (overlap_moe_expert_parallel_comm, Megatron-Bridge's
     moe_a2a_overlap; core 0.14 on): the combined 1F1B co-schedules one microbatch's forward with another's backward

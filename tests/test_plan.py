@@ -134,7 +134,9 @@ def test_edge_stage_trim_larger_than_an_edge_stage_is_refused() -> None:
         ("llama3-70b", 70.6e9, 0.01),  # Meta-Llama-3-70B model card
         ("llama3-405b", 405.9e9, 0.01),  # Llama 3.1 405B model card
         ("gpt3-175b", 175.0e9, 0.01),  # Brown et al. 2020, Table 2.1
-        ("deepseek-v3", 671e9, 0.02),  # DeepSeek-V3 report: 671B total (MLA approximated, see preset)
+        ("deepseek-v3", 671e9, 0.005),  # DeepSeek-V3 report: 671B total, with its latent attention
+        ("qwen3-30b-a3b", 30.5e9, 0.01),  # Qwen3 report Table 2 and model card: 30.5B total
+        ("qwen3-235b-a22b", 235e9, 0.01),  # Qwen3 report Table 2: 235B total
     ],
 )
 def test_model_presets_match_published_parameter_counts(preset: str, total: float, tolerance: float) -> None:

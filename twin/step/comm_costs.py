@@ -130,7 +130,7 @@ def cp_comm(ctx: StepContext, cost: PassCost, tokens: int) -> tuple[float, float
     gathers the whole sequence's K and V before its attention and reduce-scatters their gradients after it,
     exposed."""
     m, lay = ctx.plan.model, ctx.plan.layout
-    kv = 2 * tokens * m.n_kv_heads * m.d_head / lay.tp * ctx.comm_bytes
+    kv = tokens * m.n_kv_heads * (m.qk_head_dim + m.v_dim) / lay.tp * ctx.comm_bytes
     if lay.cp_algorithm == "all-gather":
         gathered = kv * lay.cp
         span = ctx.span("cp")

@@ -77,15 +77,18 @@ def tensor_sizes(m: ModelSpec, shape: Shape, moe: bool) -> dict[str, float]:
     """Elements of each named tensor (plan.stack.TENSORS) per token of the microbatch on this rank."""
     t = shape.tp
     hq, hkv = m.heads * m.d_head, m.n_kv_heads * m.d_head
+    # the attention core's inputs: Q and K heads (with MLA's RoPE part) and V heads; RoPE rewrites its part of Q, K
+    q_in, v_in = m.heads * m.qk_head_dim, m.n_kv_heads * m.v_dim
+    roped = m.heads * m.rope_head_dim + m.rope_head_dim if m.is_mla else hq + hkv
     width = (m.moe_ffn_hidden or 0) * (m.top_k + m.shared_experts) if moe else m.ffn_hidden
     mlp_t = mlp_tp(shape, moe)
     shard = routing_shard(shape)
     return {
         "h": float(m.hidden),
         "h_sp": m.hidden / t if shape.sequence_parallel else float(m.hidden),
-        "qkv": (hq + 2 * hkv) / t,
-        "qk": (hq + hkv) / t,
-        "ctx": hq / t,
+        "qkv": (q_in + m.n_kv_heads * m.qk_head_dim + v_in) / t,
+        "qk": roped / t,
+        "ctx": m.heads * m.v_dim / t,
         "ffn_in": width * (2 if m.glu else 1) / mlp_t,
         "ffn": width / mlp_t,
         "scores": m.heads / t * (shape.seq_kv or shape.tokens),
@@ -104,7 +107,9 @@ def weight_gemms(m: ModelSpec, shape: Shape, moe: bool) -> dict[str, list[Gemm]]
     qkv: list[Gemm] = (
         [(tokens, (hq + 2 * hkv) / t, h, 1.0)] if fused else [(tokens, n / t, h, 1.0) for n in (hq, hkv, hkv)]
     )
-    gemms: dict[str, list[Gemm]] = {"qkv": qkv, "proj": [(tokens, h, hq / t, 1.0)]}
+    if m.is_mla:
+        qkv = latent_gemms(m, shape)
+    gemms: dict[str, list[Gemm]] = {"qkv": qkv, "proj": [(tokens, h, m.heads * m.v_dim / t, 1.0)]}
     ups = 2 if m.glu else 1
     if not moe:
         width = m.ffn_hidden / t
@@ -121,6 +126,22 @@ def weight_gemms(m: ModelSpec, shape: Shape, moe: bool) -> dict[str, list[Gemm]]
         fc1.append((routed, ups * width * m.shared_experts, h, 1.0))
         fc2.append((routed, h, width * m.shared_experts, 1.0))
     return {**gemms, ROUTER: [(tokens, float(m.experts), h, 1.0)], "fc1": fc1, "fc2": fc2}
+
+
+def latent_gemms(m: ModelSpec, shape: Shape) -> list[Gemm]:
+    """Multi-head latent attention's projections on one tp rank, as Megatron-Core runs them
+    (transformer/multi_latent_attention.py): the down-projections whole on every rank, on its sequence-parallel shard
+    of tokens (parallel_mode "duplicated"); the latents gathered over tp, then the up-projections column-parallel
+    over the heads: queries from the query latent (or from the hidden state), keys and values from the key-value
+    latent."""
+    assert m.kv_lora_rank is not None
+    t, tokens, h = shape.tp, float(shape.tokens), float(m.hidden)
+    shard = tokens / (t if shape.sequence_parallel else 1)
+    q_lora = m.q_lora_rank
+    down: list[Gemm] = [(shard, float(m.kv_lora_rank + m.rope_head_dim + (q_lora or 0)), h, 1.0)]
+    q_up: Gemm = (tokens, m.heads * m.qk_head_dim / t, float(q_lora or m.hidden), 1.0)
+    kv_up: Gemm = (tokens, m.heads * (m.d_head + m.v_dim) / t, float(m.kv_lora_rank), 1.0)
+    return [*down, q_up, kv_up]
 
 
 ROUTER = "router"
@@ -162,7 +183,7 @@ def routed_load(m: ModelSpec) -> float:
 
 def attention_flops(m: ModelSpec, microbatch: int, seq_local: int, tp: int) -> float:
     """Forward FLOPs of scores and weighting on one rank, causal (half of the full s x s_kv)."""
-    return 0.5 * 2 * 2 * microbatch * (m.heads / tp) * seq_local * m.seq_len * m.d_head
+    return 0.5 * 2 * 2 * microbatch * (m.heads / tp) * seq_local * m.seq_len * m.attention_width
 
 
 @dataclass
@@ -202,6 +223,9 @@ def layer_cost(m: ModelSpec, shape: Shape, device: Device, stack: Stack, moe: bo
             for gemm in gemms[kernel.gemm]:
                 _add_gemm(device, gemm, (fwd, dgrad, wgrad), attention_block, forward_device)
             fwd_gemm += fwd.seconds - before
+            if kernel.gemm == "qkv" and m.is_mla and stack.mla_up_recompute:  # rerun from the latents
+                for mm, nn, kk, b in gemms["qkv"][-2:]:  # latent_gemms: the query and key-value up-projections
+                    again.add(_batched(device, mm, nn, kk, b, DTENSOR_OPS_FORWARD), 2 * mm * nn * kk * b, 0)
             if device.operand_bytes == 1:
                 experts = moe and kernel.gemm not in ATTENTION_GEMMS  # behind the dispatcher, not a tp gather
                 casts = Casts(
@@ -229,6 +253,7 @@ def layer_cost(m: ModelSpec, shape: Shape, device: Device, stack: Stack, moe: bo
         wgrad.add(*grad_accumulation_s(device, gemms, shape.grad_bytes))
     forward = fwd.seconds + device.layer_s
     recompute_flops = {"full": fwd.flops, "selective": _core_flops(m, shape, stack)}.get(recompute, 0.0)
+    recompute_flops += again.flops if recompute != "full" else 0.0  # the latent up-projections, where rerun
     return PassCost(
         forward_s=forward,
         backward_input_s=dgrad.seconds + other.seconds,
@@ -286,7 +311,7 @@ def _batched(device: Device, m: float, n: float, k: float, batch: float, dtensor
 
 def _attention(m: ModelSpec, shape: Shape, device: Device, kernel: Kernel, fwd: _Tally, bwd: _Tally) -> float:
     """Add the attention core's forward and backward; return its forward seconds."""
-    heads, d = m.heads / shape.tp, m.d_head
+    heads, d = m.heads / shape.tp, m.qk_head_dim
     seq_q = shape.tokens // shape.microbatch
     seq_kv = shape.seq_kv or seq_q
     b = shape.microbatch * heads
@@ -299,7 +324,7 @@ def _attention(m: ModelSpec, shape: Shape, device: Device, kernel: Kernel, fwd: 
     if kernel.attention == "scores":  # Q·Kᵀ over the whole s x s_kv, no causal skipping; gradients for Q and K
         mm, nn, kk = seq_q, seq_kv, d
     else:  # probabilities · V; gradients for the probabilities and V
-        mm, nn, kk = seq_q, d, seq_kv
+        mm, nn, kk = seq_q, m.v_dim, seq_kv
     flops = 2.0 * mm * nn * kk * b
     f = device.gemm_s(mm, nn, kk, b)
     fwd.add(f, flops)
@@ -312,7 +337,7 @@ def _core_flops(m: ModelSpec, shape: Shape, stack: Stack) -> float:
     seq_q = shape.tokens // shape.microbatch
     if stack.flash:
         return attention_flops(m, shape.microbatch, seq_q, shape.tp)
-    return 2 * 2.0 * shape.microbatch * m.heads / shape.tp * seq_q * (shape.seq_kv or seq_q) * m.d_head
+    return 2 * 2.0 * shape.microbatch * m.heads / shape.tp * seq_q * (shape.seq_kv or seq_q) * m.attention_width
 
 
 def head_cost(m: ModelSpec, shape: Shape, device: Device, stack: Stack) -> PassCost:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from plan import loader
 from plan.cluster import Cluster
-from plan.model_math import attention_params, mlp_params
+from plan.model_math import attention_params, latent_down_params, mlp_params
 from plan.schema import Plan
 from plan.stack import Stack
 from twin.step.compute import ACT_BYTES, act_bytes
@@ -72,7 +72,8 @@ def layer_params(plan: Plan, layer: int) -> StageParams:
     """Parameters of one layer on one rank (sharded by tp, experts also by ep; an MoE MLP by tp only where the
     stack splits it, Stack.moe_tensor_parallel)."""
     m, lay = plan.model, plan.layout
-    dense = (attention_params(m) + 2 * m.hidden) / lay.tp
+    duplicated = latent_down_params(m)  # MLA's down-projections, whole on every tp rank
+    dense = (attention_params(m) - duplicated + 2 * m.hidden) / lay.tp + duplicated
     if m.is_moe and layer >= m.dense_layers:
         assert m.moe_ffn_hidden is not None
         expert = mlp_params(m, m.moe_ffn_hidden)
@@ -136,14 +137,17 @@ def activation_bytes(plan: Plan, stack: Stack, moe: bool) -> tuple[float, float]
         for t, n in k.writes.items()
     )
     rope = any("qk" in k.writes for k in stack.layer)
-    kept += sizes["qkv"] - (sizes["qk"] if rope else 0.0) + sizes["ffn_in"]
+    if m.is_mla and stack.mla_up_recompute:  # the gathered latents, not the heads the up-projections make of them
+        kept += (m.q_lora_rank or 0) + (m.kv_lora_rank or 0) + m.rope_head_dim + sizes["ffn_in"]
+    else:
+        kept += sizes["qkv"] - (sizes["qk"] if rope else 0.0) + sizes["ffn_in"]
     if stack.flash:
         kept += sizes["ctx"] + (0.0 if selective else 2 * m.heads / lay.tp)  # output; fp32 log-sum-exp
     if not stack.sp_regather_input:  # the column-parallel GEMMs keep their gathered input
         kept += 2 * (sizes["h"] - sizes["h_sp"])
-    if moe:  # the experts' dispatched inputs and the router's probabilities
-        assert m.moe_ffn_hidden is not None
-        kept += m.top_k * m.hidden / split + 2 * m.experts
+    if moe:  # the experts' dispatched inputs (as their GEMMs take them: gathered over tp where split) and the
+        # router's probabilities
+        kept += sizes["experts_in"] + 2 * m.experts
     weight_inputs = 2 * sizes["h_sp"] + sizes["ctx"] + sizes["ffn"]
     share = min(1.0, weight_inputs / kept) if kept else 0.0
     # fp8 training caches the inputs of its fp8 GEMMs in fp8 (DeepSeek-V3 report §3.3.3)

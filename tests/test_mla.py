@@ -1,0 +1,82 @@
+"""Multi-head latent attention (DeepSeek-V2/V3): parameters, GEMMs, attention FLOPs and what recompute keeps,
+against closed forms from DeepSeek-V3's widths."""
+
+from __future__ import annotations
+
+import pytest
+
+from executor.parallel import LayoutError, check_supported
+from plan import loader
+from plan.model_math import attention_params, latent_down_params, model_flops_per_token, param_count
+from plan.schema import ModelSpec
+from twin.step.kernels import Shape, attention_flops, latent_gemms, weight_gemms
+from twin.step.memory import activation_bytes, layer_params
+
+H, HEADS, Q_LORA, KV_LORA, ROPE, D, V = 7168, 128, 1536, 512, 64, 128, 128
+
+
+def _deepseek() -> ModelSpec:
+    return ModelSpec.model_validate(loader.expand_model({"model": "deepseek-v3"}, "deepseek-v3")["model"])
+
+
+def test_latent_attention_weights_are_deepseek_v3s() -> None:
+    m = _deepseek()
+    down = H * (Q_LORA + KV_LORA + ROPE) + Q_LORA + KV_LORA  # projections to the latents, and the latents' norms
+    up = Q_LORA * HEADS * (D + ROPE) + KV_LORA * HEADS * (D + V)
+    assert latent_down_params(m) == down
+    assert attention_params(m) == down + up + HEADS * V * H
+    assert attention_params(m) == pytest.approx(187.1e6, rel=1e-3)  # per layer, a third less than MHA's 4·h²
+    assert param_count(m).active == pytest.approx(37.5e9, rel=0.01)  # the report's 37B activated
+
+
+def test_down_projections_stay_whole_on_each_tensor_parallel_rank() -> None:
+    plans = {tp: loader.load("deepseek-v3-2k", [f"layout.tp={tp}", "layout.dp=64"]) for tp in (1, 2)}
+    m = plans[1].model
+    split = layer_params(plans[2], 0).dense - layer_params(plans[1], 0).dense / 2
+    assert split == pytest.approx(latent_down_params(m) / 2)  # the duplicated half that tp does not divide
+
+
+def test_latent_gemms_run_the_down_projection_on_the_shard_and_split_the_up_projections() -> None:
+    m, tokens, tp = _deepseek(), 4096, 2
+    gemms = latent_gemms(m, Shape(tokens, tp, True))
+    assert gemms == [
+        (tokens / tp, Q_LORA + KV_LORA + ROPE, H, 1.0),
+        (tokens, HEADS * (D + ROPE) / tp, Q_LORA, 1.0),
+        (tokens, HEADS * (D + V) / tp, KV_LORA, 1.0),
+    ]
+    assert weight_gemms(m, Shape(tokens, tp, True), moe=True)["proj"] == [(tokens, H, HEADS * V / tp, 1.0)]
+
+
+def test_attention_core_flops_use_the_query_key_and_value_widths() -> None:
+    m, s = _deepseek(), 4096
+    causal = 0.5 * 2 * HEADS * s * s * ((D + ROPE) + V)  # Q·Kᵀ over 192, P·V over 128, half of s x s
+    assert attention_flops(m, 1, s, 1) == pytest.approx(causal)
+    flops = model_flops_per_token(m)
+    assert flops == pytest.approx(6 * param_count(m).matmul_active + 12 * m.layers * HEADS * (192 + 128) / 2 * s)
+
+
+def test_recomputed_up_projections_keep_the_latents_instead_of_the_heads() -> None:
+    plan = loader.load("deepseek-v3-2k", ["training.dtype=bf16"])
+    stack = loader.plan_stack(plan)
+    assert stack.mla_up_recompute
+    kept, _ = activation_bytes(plan, stack, moe=True)
+    kept_heads, _ = activation_bytes(plan, stack.model_copy(update={"mla_up_recompute": False}), moe=True)
+    tokens = plan.model.seq_len  # microbatch 1, tp 1, cp 1
+    heads = HEADS * (D + ROPE) * 2 + HEADS * V - (HEADS * ROPE + ROPE)  # Q, K, V less what RoPE rewrites
+    latents = Q_LORA + KV_LORA + ROPE
+    assert kept_heads - kept == pytest.approx((heads - latents) * tokens * 2)
+
+
+@pytest.mark.parametrize(
+    ("fields", "match"),
+    [({"q_lora_rank": 1536}, "needs kv_lora_rank"), ({"kv_lora_rank": 512, "kv_heads": 4}, "set kv_heads to heads")],
+)
+def test_latent_attention_fields_that_cannot_go_together(fields: dict, match: str) -> None:
+    base = {"layers": 2, "hidden": 1024, "heads": 16, "ffn_hidden": 4096, "vocab": 1000, "seq_len": 512}
+    with pytest.raises(ValueError, match=match):
+        ModelSpec.model_validate({**base, **fields})
+
+
+def test_the_executor_refuses_latent_attention() -> None:
+    with pytest.raises(LayoutError, match="latent attention is a twin-only model"):
+        check_supported(loader.load("deepseek-v3-2k"))
