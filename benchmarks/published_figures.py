@@ -1,12 +1,12 @@
 """The twin against published figures, row by row, each in its source's own convention, worst rows first.
 
 Tables (benchmarks/published.py, published_nemotron.py, published_nemo2407.py, published_mbridge.py,
-published_deepseek.py, published_mpt.py): nccl-tests bus bandwidth on one node; Narayanan et al. 2021 Table 1 (A100,
-TFLOP/s by the paper's formula); Megatron-Core r0.8.0's H100 table (TFLOP/s by Megatron-Core's formula); the
-Megatron-LM A100 README table (MFU); Llama 3 405B Table 4 (MFU); NVIDIA's DGX Cloud recipes (step time, as
-throughput: Llama 3.1 and GPT-3, Grok-1, Nemotron-4, DeepSeek-V3); NeMo's H100 fp8 performance summary, 24.07 and its
-Llama 2 7B rows from 4k to 1M tokens, and Megatron-Bridge's Llama 3 rows from 25.11 to 26.06 under fp8 current
-scaling (tokens/s per GPU); MosaicML's MPT on A100 under FSDP (tokens/s per GPU). Each row says its kind:
+published_mbridge_moe.py, published_deepseek.py, published_mpt.py): nccl-tests bus bandwidth on one node; Narayanan et
+al. 2021 Table 1 (A100, TFLOP/s by the paper's formula); Megatron-Core r0.8.0's H100 table (TFLOP/s by Megatron-Core's
+formula); the Megatron-LM A100 README table (MFU); Llama 3 405B Table 4 (MFU); NVIDIA's DGX Cloud recipes (step time,
+as throughput: Llama 3.1 and GPT-3, Grok-1, Nemotron-4, DeepSeek-V3); NeMo's H100 fp8 performance summary, 24.07 and
+its Llama 2 7B rows from 4k to 1M tokens, and Megatron-Bridge's Llama 3 and Qwen3 MoE rows from 25.11 to 26.06 under
+fp8 current scaling (tokens/s per GPU); MosaicML's MPT on A100 under FSDP (tokens/s per GPU). Each row says its kind:
 `validation` (the twin was not built from that figure), `consistency` (a catalogue number was derived from the same
 published figure, so agreement only shows the arithmetic is consistent) or `fit` (the row is in the table an
 accelerator's one fitted constant was fitted on). Prints a table per source with mean and worst absolute error (and,
@@ -52,6 +52,9 @@ from benchmarks.published_deepseek import SEQ as DEEPSEEK_SEQ
 from benchmarks.published_deepseek import SOURCE as DEEPSEEK_SOURCE
 from benchmarks.published_mbridge import MBRIDGE_H100, SEQ, mbridge_plan
 from benchmarks.published_mbridge import SOURCE as MBRIDGE_SOURCE
+from benchmarks.published_mbridge_moe import MBRIDGE_MOE_H100, mbridge_moe_plan
+from benchmarks.published_mbridge_moe import SEQ as MBRIDGE_MOE_SEQ
+from benchmarks.published_mbridge_moe import SOURCE as MBRIDGE_MOE_SOURCE
 from benchmarks.published_mpt import MPT_A100, MPT_A100_40GB, SOURCE_40GB, MptRow, mpt_plan, mpt_tokens_per_gpu
 from benchmarks.published_mpt import SOURCE as MPT_SOURCE
 from benchmarks.published_nemo2407 import LONG_SOURCE as NEMO_LONG_SOURCE
@@ -232,6 +235,20 @@ def deepseek_rows() -> list[Row]:
     return out
 
 
+def mbridge_moe_rows() -> list[Row]:
+    """Megatron-Bridge's DGX-H100 Qwen3 MoE rows, NeMo 25.11 to 26.06, fp8 current scaling, tokens per second per GPU
+    (benchmarks/published_mbridge_moe.py; no fit uses them)."""
+    out = []
+    for r in MBRIDGE_MOE_H100:
+        plan = mbridge_moe_plan(r)
+        step = predict(plan).step_time_s
+        layout = f"TP{r.tp} PP{r.pp} EP{r.ep}" + vp_label(r.virtual) + f", batch {r.batch:,}"
+        what = f"{r.model} fp8-cs (NeMo {r.release}), {r.gpus:,} H100, {layout}: tokens/s per GPU"
+        predicted = MBRIDGE_MOE_SEQ * r.batch / r.gpus / step
+        out.append(_row(what, r.tokens_per_gpu, predicted, MBRIDGE_MOE_SOURCE, plan=plan))
+    return out
+
+
 def mpt_rows(rows: tuple[MptRow, ...] = MPT_A100, source: str = MPT_SOURCE) -> list[Row]:
     """MosaicML's MPT tokens per second per GPU on A100 under FSDP (benchmarks/published_mpt.py; no fit uses them)."""
     out = []
@@ -308,6 +325,7 @@ TABLES: dict[str, Callable[[], list[Row]]] = {
     "nemo-24.07-h100": nemo2407_rows,
     "nemo-long-seq-h100": nemo_long_rows,
     "mbridge-h100": mbridge_rows,
+    "mbridge-h100-moe": mbridge_moe_rows,
     "mpt-a100": mpt_rows,
     "mpt-a100-40gb": mpt_40gb_rows,
 }

@@ -100,7 +100,7 @@ def mbridge_plan(row: MbridgeRow) -> Plan:
             "name": f"mbridge-{row.release}-{row.model}-{row.gpus}",
             "model": {**loader.expand_model({"model": row.model}, row.model)["model"], "seq_len": SEQ},
             "cluster": _cluster("dgx-h100-superpod", row.gpus, 16384),
-            "stack": {"name": "nemo-25.11", "overrides": RECIPE_OVERRIDES[row.model] | _release(row.release)},
+            "stack": {"name": "nemo-25.11", "overrides": RECIPE_OVERRIDES[row.model] | release_overrides(row.release)},
             "layout": _layout(
                 row.tp,
                 row.pp,
@@ -117,7 +117,7 @@ def mbridge_plan(row: MbridgeRow) -> Plan:
     )
 
 
-def _release(release: str) -> dict[str, bool]:
+def release_overrides(release: str) -> dict[str, bool]:
     """What a release sets beyond the stack: gradient-accumulation fusion from 26.04 on."""
     newer = tuple(int(x) for x in release.split(".")) >= tuple(int(x) for x in WGRAD_FUSION_FROM.split("."))
     return {"wgrad_accumulation_fusion": True} if newer else {}

@@ -1,0 +1,96 @@
+"""A validation table nothing was built or fitted on: Megatron-Bridge's DGX-H100 MoE pre-training rows, Qwen3
+30B-A3B and 235B-A22B in fp8 with current scaling, NeMo 25.11 to 26.06.
+
+Source: NVIDIA-NeMo/Megatron-Bridge docs/performance-summary-archive.md at 067f987 (tokens per second per GPU;
+"In MoE training benchmarks, we force-balance the token distribution among experts and all benchmarks are
+token-dropless"). Each row's recipe is read from the Megatron-Bridge tag that shipped in that container (25.11 =
+v0.2.0, 26.02 = v0.3.0, 26.02.01 = v0.3.1, 26.04 = v0.4.0, 26.04.01 = v0.4.2, 26.06 = v0.5.0):
+scripts/performance/configs/qwen*/ (the H100 FP8_CS workload configs, V2 where the tag's --config_variant default
+finds one, else V1), the qwen3 pretrain functions beside them, scripts/performance/utils/, and
+src/megatron/bridge/recipes/qwen/qwen3_moe.py.
+
+What every row runs, as the twin holds it: the `qwen3-30b-a3b` / `qwen3-235b-a22b` model presets (sequence 4,096,
+micro-batch 1); the `nemo-25.11` stack (Transformer Engine 2.x fp8 current scaling with fp8 parameter gathers, TE's
+cross-entropy), its weight-gradient accumulation fusion from 26.04 as benchmarks/published_mbridge.py finds it;
+routing balanced and dropless (the twin's defaults); experts whole (expert tensor parallelism 1).
+
+- Qwen3 235B-A22B, 256 GPUs, TP2 PP8 VP4 EP32 over 16 dp replicas (so the experts fold over tp and dp:
+  `layout.expert_tp` 1), account_for_embedding/loss_in_pipeline_split (96 / 32 = 3 layers a virtual stage, the edge
+  stages giving one back: `edge_stage_trim` 1), no recompute, tp_comm_overlap False (Transformer Engine's own
+  backward overlap), moe_a2a_overlap True (`Stack.ep_overlap`: Megatron-Core's combined 1F1B, with
+  delay_wgrad_compute), the all-to-all dispatcher; 2,048 sequences a step in 25.11, 8,192 from 26.02 (the V2
+  configs).
+- Qwen3 30B-A3B, 16 GPUs, 1,024 sequences a step: in 26.02 PP2 VP12 EP8 with DeepEP and moe_a2a_overlap; from
+  26.04 PP1 EP16 with HybridEP and no overlap. The twin prices DeepEP's and HybridEP's exchanges as NCCL's
+  all-to-all over the same ranks.
+
+Left out, with reasons: every 25.09 row (its table states no precision); 30B in 25.11 (the table prints MBS 2 and
+VP 24 where that tag's config runs MBS 1 and VP 12) and in 26.02.01 (the table prints 26.02's PP2 VP12 EP8 where
+v0.3.1's config runs 26.04's PP1 EP16); DeepSeek-V3 (25.09 only); GPT-OSS 120B (alternating 128-token sliding-window
+attention and attention sinks, which the twin does not model); Nemotron 3 Nano (Mamba layers).
+
+Run as part of benchmarks/published_figures.py.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from benchmarks.published import _cluster, _layout
+from benchmarks.published_mbridge import release_overrides
+from plan import loader
+from plan.schema import Plan
+from twin import api
+
+SOURCE = "NVIDIA-NeMo/Megatron-Bridge docs/performance-summary-archive.md at 067f987 (DGX-H100, fp8-cs, MoE)"
+SEQ = 4096
+
+
+@dataclass(frozen=True)
+class MoeRow:
+    release: str
+    model: str
+    gpus: int
+    batch: int
+    tp: int
+    pp: int
+    virtual: int
+    ep: int
+    a2a_overlap: bool
+    tokens_per_gpu: float
+    """Published tokens per second per GPU."""
+
+
+MBRIDGE_MOE_H100 = (
+    MoeRow("25.11", "qwen3-235b-a22b", 256, 2048, 2, 8, 4, 32, True, 1575),
+    MoeRow("26.02", "qwen3-235b-a22b", 256, 8192, 2, 8, 4, 32, True, 1633),
+    MoeRow("26.02.01", "qwen3-235b-a22b", 256, 8192, 2, 8, 4, 32, True, 1611),
+    MoeRow("26.04", "qwen3-235b-a22b", 256, 8192, 2, 8, 4, 32, True, 1686),
+    MoeRow("26.04.01", "qwen3-235b-a22b", 256, 8192, 2, 8, 4, 32, True, 1712),
+    MoeRow("26.02", "qwen3-30b-a3b", 16, 1024, 1, 2, 12, 8, True, 5113),
+    MoeRow("26.04", "qwen3-30b-a3b", 16, 1024, 1, 1, 1, 16, False, 8901),
+    MoeRow("26.04.01", "qwen3-30b-a3b", 16, 1024, 1, 1, 1, 16, False, 8960),
+    MoeRow("26.06", "qwen3-30b-a3b", 16, 1024, 1, 1, 1, 16, False, 8826),
+)
+
+EDGE_TRIM = {"qwen3-235b-a22b": 1, "qwen3-30b-a3b": 0}
+"""account_for_embedding/loss_in_pipeline_split: set by the 235B recipe only (qwen3_moe.py)."""
+
+
+def mbridge_moe_plan(row: MoeRow) -> Plan:
+    dp = row.gpus // (row.tp * row.pp)
+    model = loader.expand_model({"model": row.model}, row.model)["model"]
+    folded = {"expert_tp": 1} if row.ep > dp else {}
+    layout = _layout(row.tp, row.pp, dp, 1, row.virtual, ep=row.ep, zero=1, sequence_parallel=row.tp > 1,
+                     edge_stage_trim=EDGE_TRIM[row.model], **folded)  # fmt: skip
+    overrides = {"tp_overlap": "backward", "ep_overlap": row.a2a_overlap} | release_overrides(row.release)
+    return api.load_plan(
+        {
+            "name": f"mbridge-{row.release}-{row.model}-{row.gpus}",
+            "model": {**model, "seq_len": SEQ},
+            "cluster": _cluster("dgx-h100-superpod", row.gpus, 16384),
+            "stack": {"name": "nemo-25.11", "overrides": overrides},
+            "layout": layout,
+            "training": {"global_batch": row.batch, "tokens": 1e12, "dtype": "fp8"},
+        }
+    )
