@@ -197,3 +197,28 @@ def test_goodput_time_reranks_the_finalists_by_whole_run_days(base: dict[str, An
     assert result.top[0].objective <= result.top[1].objective
     for c in result.top:  # the run takes at least its failure-free days
         assert c.objective == c.run_wall_days and c.run_wall_days >= c.outcome.days_to_train * (1 - 1e-9)
+
+
+def test_moe_shapes_fold_experts_over_tp_and_the_bounds_stay_bounds() -> None:
+    """An MoE search tries folded experts (layout.expert_tp 1) where tp > 1, so ep may exceed dp; every such
+    candidate is a plan the loader accepts, and under a stack whose combined 1F1B hides all-to-alls the cheap and the
+    walked bounds still never exceed the simulated step."""
+    base = front.base_of("qwen3-30b-a3b", "dgx-h100-superpod", []).data
+    base = {**base, "stack": {"name": "nemo-25.11", "overrides": {"ep_overlap": True}}}
+    space = Space(gpus=(16, 16), batch_sequences=(32, 32), tp=(1, 2), cp=(1,), pp=(1, 2), ep=(8, 16),
+                  microbatch_size=(1,), schedule=("1f1b", "interleaved-1f1b"), virtual_stages=(2,),
+                  zero=(1,), recompute=("none",), sequence_parallel=(True,))  # fmt: skip
+    seen = list(shapes(space, base["model"]))
+    folded = [s for s in seen if s.expert_tp]
+    assert folded and all(s.tp > 1 for s in folded)
+    assert any(s.ep > s.dp for s in folded) and not any(s.ep > s.dp for s in seen if not s.expert_tp)
+    result = search(base, space, top_k=3, executor=Inline(), exhaustive=True)
+    probe = loader.validate_plan(neutral(base))
+    bounds = Bounds(base, loader.plan_cluster(probe), loader.plan_stack(probe))
+    simulated = [c for c in result.simulated if c.shape.expert_tp]
+    assert simulated
+    for c in result.simulated:
+        assert c.plan.layout.expert_tp == (c.shape.expert_tp or None)
+        cheap, tight = bounds.step_s(c.shape, c.knobs), bounds.pipeline_s(c.plan)
+        assert cheap is not None
+        assert cheap <= tight * (1 + 1e-9) and tight <= c.outcome.step_time_s * (1 + 1e-9), c.label

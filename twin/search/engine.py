@@ -55,6 +55,7 @@ class Candidate:
     def label(self) -> str:
         s, k = self.shape, self.knobs
         parts = [f"TP{s.tp}", f"PP{s.pp}", f"DP{s.dp}"] + [f"CP{s.cp}"] * (s.cp > 1) + [f"EP{s.ep}"] * (s.ep > 1)
+        parts += [f"ETP{s.expert_tp}"] * (s.expert_tp > 0)
         sched = {"interleaved-1f1b": f"int{s.virtual_stages}", "dualpipe-v": "dpv"}.get(s.schedule, s.schedule)
         recompute = {"none": "", "selective": " sel", "full": " full"}[k.recompute]
         return f"{'·'.join(parts)} {sched} m{s.microbatch_size} z{k.zero}{recompute}" + " sp" * k.sequence_parallel

@@ -56,7 +56,9 @@ class Bounds:
     its dense and MoE layers and the layers of the stages before its first, keyed by pp, virtual stages and
     schedule. A miss builds the shape's plan (the loader's rules); a shape the loader rejects has no bound."""
 
-    LAYER_KEY = ("tp", "cp", "ep", "microbatch_size", "sequence_parallel", "recompute", "fused_projections")
+    LAYER_KEY = (
+        "tp", "cp", "ep", "expert_tp", "microbatch_size", "sequence_parallel", "recompute", "fused_projections"
+    )  # fmt: skip
 
     def __init__(self, base: Mapping[str, Any], cluster: Cluster, stack: Stack) -> None:
         self.base, self.cluster, self.stack = base, cluster, stack
@@ -93,13 +95,14 @@ class Bounds:
         return busiest * (straggler_factor(self.cluster, shape.gpus) if gpu else 1.0)
 
     def _keys(self, shape: Shape, knob: Knobs) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
-        layout = {**self.base["layout"], **shape.layout(), **knob.layout()}
+        layout = {**self.base["layout"], "expert_tp": None, **shape.layout(), **knob.layout()}
         lkey = (*(layout.get(k) for k in self.LAYER_KEY), min(shape.gpus, self.cluster.node.gpus), shape.schedule)
         return lkey, (shape.pp, shape.virtual_stages, shape.schedule)
 
     def _per_layer_s(self, plan: Plan) -> dict[Any, tuple[float, float]]:
         """Forward and backward seconds of one layer's actions for one microbatch (the lesser of the plain and the
-        overlapped-pair costs where DualPipe pairs them), and the embedding's and the output head's compute."""
+        overlapped-pair costs where DualPipe or the stack's combined 1F1B pairs them), and the embedding's and the
+        output head's compute."""
         ctx = step_context(plan, self.cluster, PredictOptions(), self.stack, self.fabric)
         full = plan.layout.recompute == "full"
         shape = shape_of(ctx)
@@ -112,7 +115,9 @@ class Bounds:
             out[("W", name)] = (0.0, extra.backward_weight_s)
         for moe, c in layer_costs(ctx).items():
             options = []
-            for paired in (False, True) if plan.layout.schedule == "dualpipe-v" else (False,):
+            # a pair may hide the all-to-all (DualPipe-V, the combined 1F1B): the lesser is still a bound
+            hideable = plan.layout.schedule == "dualpipe-v" or ctx.stack.ep_overlap
+            for paired in (False, True) if hideable else (False,):
                 comm = layer_comm(ctx, c, moe, paired)
                 fwd = sum(comm[axis][0] for axis in comm)
                 bwd = sum(comm[axis][1] for axis in comm) + (fwd if full else 0.0)
@@ -276,7 +281,7 @@ BUCKETS: int = PipelineInput.__dataclass_fields__["buckets"].default  # type: ig
 def shape_from(plan: Plan) -> Shape:
     lay = plan.layout
     return Shape(lay.dp, lay.tp, lay.pp, lay.cp, lay.ep, lay.microbatch_size, lay.schedule, lay.virtual_stages,
-                 plan.training.global_batch)  # fmt: skip
+                 plan.training.global_batch, lay.expert_tp or 0)  # fmt: skip
 
 
 def knobs_from(plan: Plan) -> Knobs:

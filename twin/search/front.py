@@ -158,6 +158,7 @@ def row(c: Candidate, seq_len: int) -> dict[str, Any]:
     s, k, o = c.shape, c.knobs, c.outcome
     return {
         "layout": c.label, "gpus": s.gpus, "dp": s.dp, "tp": s.tp, "pp": s.pp, "cp": s.cp, "ep": s.ep,
+        "expert_tp": s.expert_tp or None,
         "schedule": s.schedule, "virtual_stages": s.virtual_stages, "microbatch_size": s.microbatch_size,
         "global_batch": s.global_batch, "batch_tokens": s.global_batch * seq_len, "zero": k.zero,
         "recompute": k.recompute, "sequence_parallel": k.sequence_parallel, "step_time_s": o.step_time_s,

@@ -37,6 +37,10 @@ class Space:
     cp: tuple[int, ...] = (1, 2, 4, 8)
     pp: tuple[int, ...] = POWERS
     ep: tuple[int, ...] = POWERS
+    expert_tp: tuple[int, ...] = (0, 1)
+    """Expert tensor parallelism for MoE layouts with tp > 1: 0 leaves layout.expert_tp unset (ep inside dp, experts
+    split as the stack splits them), 1 folds ep over tp · cp · dp with whole experts (Megatron-Core's
+    expert_tensor_parallel_size 1)."""
     microbatch_size: tuple[int, ...] = (1, 2, 4)
     schedule: tuple[str, ...] = SCHEDULES
     virtual_stages: tuple[int, ...] = VIRTUAL_STAGES
@@ -62,6 +66,8 @@ class Shape:
     schedule: str
     virtual_stages: int
     global_batch: int
+    expert_tp: int = 0
+    """layout.expert_tp, 0 where unset (an int, so that shapes sort)."""
 
     @property
     def gpus(self) -> int:
@@ -71,7 +77,7 @@ class Shape:
         return {
             "dp": self.dp, "tp": self.tp, "pp": self.pp, "cp": self.cp, "ep": self.ep,
             "microbatch_size": self.microbatch_size, "schedule": self.schedule, "virtual_stages": self.virtual_stages,
-        }  # fmt: skip
+        } | ({"expert_tp": self.expert_tp} if self.expert_tp else {})  # fmt: skip
 
     @property
     def microbatches(self) -> int:
@@ -100,7 +106,8 @@ def restrict(space: Space) -> Space:
 def shapes(space: Space, model: Mapping[str, Any], edge_trim: int = 0) -> Iterator[Shape]:
     """Every shape of `space` that the plan rules allow for `model` (a plan's model section): tp divides the heads,
     the FFN widths and the vocabulary; cp splits the sequence into 2·cp chunks; the stages hold at least one layer
-    each; ep divides the experts and dp; the batch is a whole number of microbatches per replica, which the
+    each; ep divides the experts and dp (or, folded at expert_tp 1 where tp > 1, tp · cp · dp); the batch is a whole
+    number of microbatches per replica, which the
     schedule accepts (`edge_trim` layers off the first and last stage allow two more stages: layout.edge_stage_trim).
     Per (tp, pp, cp, ep, micro-batch size, schedule): the most data-parallel replicas the GPU
     range allows with a batch in range, and the batch at both ends of the range it allows them."""
@@ -114,11 +121,12 @@ def shapes(space: Space, model: Mapping[str, Any], edge_trim: int = 0) -> Iterat
         model_parallel = tp * cp * pp
         if model_parallel > hi_gpus:
             continue
-        for ep in space.ep if experts else (1,):
+        folds = [etp for etp in space.expert_tp if etp in (0, 1, tp)] if experts and tp > 1 else [0]
+        for ep, etp in itertools.product(space.ep if experts else (1,), folds):
             if experts and experts % ep:
                 continue
             for mbs, (schedule, v) in itertools.product(space.microbatch_size, _schedules(space, pp, layers)):
-                yield from _batches(space, tp, pp, cp, ep, mbs, schedule, v, lo_gpus, hi_gpus)
+                yield from _batches(space, tp, pp, cp, ep, mbs, schedule, v, lo_gpus, hi_gpus, etp)
 
 
 def _schedules(space: Space, pp: int, layers: int) -> Iterator[tuple[str, int]]:
@@ -135,7 +143,7 @@ def _schedules(space: Space, pp: int, layers: int) -> Iterator[tuple[str, int]]:
 
 
 def _batches(
-    space: Space, tp: int, pp: int, cp: int, ep: int, mbs: int, schedule: str, v: int, lo: int, hi: int
+    space: Space, tp: int, pp: int, cp: int, ep: int, mbs: int, schedule: str, v: int, lo: int, hi: int, etp: int = 0
 ) -> Iterator[Shape]:
     """The shapes of one (tp, pp, cp, ep, mbs, schedule): the largest dp in the GPU range that some batch in range
     fits, and the smallest and largest such batch."""
@@ -143,11 +151,16 @@ def _batches(
     step = pp if schedule == "interleaved-1f1b" else 1  # microbatches per replica a multiple of pp
     least = 2 * pp if schedule in ("zbv", "dualpipe-v") else 1
     model_parallel = tp * cp * pp
+    folds_over = tp * cp // etp if etp else 1  # the ranks of a replica that ep spreads over besides dp
+
+    def splits(dp: int) -> bool:
+        return (dp * folds_over) % ep == 0
+
     # past hi_b // (mbs·step) replicas even one microbatch each is over the largest batch: start below that
     for dp in range(min(hi // model_parallel, hi_b // (mbs * step)), 0, -1):
         if dp * model_parallel < lo:
             return
-        if dp % ep:
+        if not splits(dp):
             continue
         unit = dp * mbs * step  # the batch grows in these
         first = max(-(-lo_b // unit), -(-least // step)) * unit
@@ -157,15 +170,15 @@ def _batches(
         batches = {first, last}
         if schedule == "zb-h1":  # its rounds of pp must be equal
             batches = {b for b in batches if (b // (dp * mbs)) % max(1, (b // (dp * mbs)) // pp) == 0}
-        yield from (Shape(dp, tp, pp, cp, ep, mbs, schedule, v, b) for b in sorted(batches))
+        yield from (Shape(dp, tp, pp, cp, ep, mbs, schedule, v, b, etp) for b in sorted(batches))
         if not space.gpu_counts:
             return
         fewer = dp // 2
-        while fewer > 0 and (fewer % ep or fewer * model_parallel > dp * model_parallel // 2):
+        while fewer > 0 and (not splits(fewer) or fewer * model_parallel > dp * model_parallel // 2):
             fewer -= 1
         if fewer < 1 or fewer * model_parallel < lo:
             return
-        yield from _batches(space, tp, pp, cp, ep, mbs, schedule, v, lo, fewer * model_parallel)
+        yield from _batches(space, tp, pp, cp, ep, mbs, schedule, v, lo, fewer * model_parallel, etp)
         return
 
 
@@ -177,7 +190,8 @@ def knobs(space: Space, tp: int) -> list[Knobs]:
 
 def plan_data(base: Mapping[str, Any], shape: Shape, knob: Knobs) -> dict[str, Any]:
     """The base plan's data with the shape and knobs set (stage splits follow the new pp)."""
-    layout = {k: v for k, v in base["layout"].items() if k != "stage_layers"} | shape.layout() | knob.layout()
+    kept = {k: v for k, v in base["layout"].items() if k not in ("stage_layers", "expert_tp")}  # the shape says
+    layout = kept | shape.layout() | knob.layout()
     return {**base, "layout": layout, "training": {**base["training"], "global_batch": shape.global_batch}}
 
 
