@@ -137,6 +137,11 @@ def test_edge_stage_trim_larger_than_an_edge_stage_is_refused() -> None:
         ("deepseek-v3", 671e9, 0.005),  # DeepSeek-V3 report: 671B total, with its latent attention
         ("qwen3-30b-a3b", 30.5e9, 0.01),  # Qwen3 report Table 2 and model card: 30.5B total
         ("qwen3-235b-a22b", 235e9, 0.01),  # Qwen3 report Table 2: 235B total
+        ("mixtral-8x7b", 46.7e9, 0.005),  # Jiang et al. 2024: 46.7B total
+        ("mixtral-8x22b", 141e9, 0.01),  # Mistral AI: 141B total
+        ("llama2-7b", 6.74e9, 0.005),  # Llama 2 model cards: 6.74B, 13.0B, 69.0B
+        ("llama2-13b", 13.0e9, 0.005),
+        ("llama2-70b", 69.0e9, 0.005),
     ],
 )
 def test_model_presets_match_published_parameter_counts(preset: str, total: float, tolerance: float) -> None:
