@@ -65,6 +65,7 @@ def start_values(layout: dict[str, Any], batch: int) -> dict[str, Any]:
         "zero": int(layout.get("zero", 0)),
         "recompute": layout.get("recompute", "none"),
         "sp": bool(layout.get("sequence_parallel", False)),
+        "fold": layout.get("expert_tp") == 1,
         "batch": batch,
     }
 
@@ -144,6 +145,8 @@ def choose_plan() -> tuple[dict[str, Any] | None, str]:
     zero = c7.selectbox("ZeRO", [0, 1, 2, 3], key="zero")
     recompute = c8.selectbox("recompute", ["none", "selective", "full"], key="recompute")
     sp = sb.checkbox("sequence parallel", key="sp", disabled=tp == 1)
+    moe_tp = bool(model.get("experts")) and tp > 1  # Megatron-Core's folding: ep over tp·cp·dp, whole experts
+    fold = sb.checkbox("whole experts, ep over tp·cp·dp (expert TP 1)", key="fold", disabled=not moe_tp)
     batch = sb.number_input("global batch (sequences)", 1, 10_000_000, key="batch")
     chosen = {
         "tp": tp,
@@ -157,6 +160,7 @@ def choose_plan() -> tuple[dict[str, Any] | None, str]:
         "zero": zero,
         "recompute": recompute,
         "sequence_parallel": sp and tp > 1,
+        "expert_tp": 1 if fold and moe_tp else None,
     }
     if pp != layout.get("pp", 1) or v != layout.get("virtual_stages", 1):
         overrides.append("layout.stage_layers=null")

@@ -333,3 +333,18 @@ def test_layout_widgets_offer_only_valid_degrees() -> None:
     assert at.selectbox(key="ep").options == [str(2**i) for i in range(9)]
     assert at.selectbox(key="cp").options == [str(2**i) for i in range(7)]
     assert at.selectbox(key="ep").value == api.load_plan("deepseek-v3-2k").layout.ep
+
+
+def test_folding_the_experts_lets_ep_exceed_dp() -> None:
+    # DeepSeek-V3 at TP2 with EP64 over 32 replicas: the loader refuses it until the experts fold over tp and dp
+    at = _app()
+    at.selectbox(key="preset").set_value("deepseek-v3-2k").run()
+    assert at.checkbox(key="fold").disabled  # tp 1: nothing to fold over
+    at.selectbox(key="tp").set_value(2).run()
+    at.number_input(key="dp").set_value(32).run()
+    assert any("set expert_tp" in e.value for e in at.error)
+    at.checkbox(key="fold").check().run()
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    changed = ["layout.tp=2", "layout.dp=32", "layout.expert_tp=1"]
+    expected = api.predict(api.load_plan("deepseek-v3-2k", changed))
+    assert _metrics(at)["step time"] == f"{expected.step_time_s:.3f} s"
