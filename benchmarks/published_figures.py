@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -211,14 +211,20 @@ def _nemo_rows(rows: tuple[NemoRow, ...], release: str, source: str, long_sequen
 def mbridge_rows() -> list[Row]:
     """Megatron-Bridge's DGX-H100 Llama 3 rows, NeMo 25.11 to 26.06, fp8 with current scaling, tokens per second
     per GPU (benchmarks/published_mbridge.py; no fit uses them)."""
+    return _release_rows(MBRIDGE_H100, mbridge_plan, SEQ, MBRIDGE_SOURCE, lambda r: f"TP{r.tp} PP{r.pp} CP{r.cp}")
+
+
+def _release_rows(
+    rows: Sequence[Any], plan_of: Callable[[Any], Plan], seq: int, source: str, layout_of: Callable[[Any], str]
+) -> list[Row]:
+    """Rows of a performance summary by release (Megatron-Bridge's): tokens per second per GPU under fp8-cs."""
     out = []
-    for r in MBRIDGE_H100:
-        plan = mbridge_plan(r)
+    for r in rows:
+        plan = plan_of(r)
         step = predict(plan).step_time_s
-        layout = f"TP{r.tp} PP{r.pp} CP{r.cp}" + vp_label(r.virtual) + f", batch {r.batch:,}"
+        layout = layout_of(r) + vp_label(r.virtual) + f", batch {r.batch:,}"
         what = f"{r.model} fp8-cs (NeMo {r.release}), {r.gpus:,} H100, {layout}: tokens/s per GPU"
-        predicted = SEQ * r.batch / r.gpus / step
-        out.append(_row(what, r.tokens_per_gpu, predicted, MBRIDGE_SOURCE, plan=plan))
+        out.append(_row(what, r.tokens_per_gpu, seq * r.batch / r.gpus / step, source, plan=plan))
     return out
 
 
@@ -238,15 +244,9 @@ def deepseek_rows() -> list[Row]:
 def mbridge_moe_rows() -> list[Row]:
     """Megatron-Bridge's DGX-H100 Qwen3 MoE rows, NeMo 25.11 to 26.06, fp8 current scaling, tokens per second per GPU
     (benchmarks/published_mbridge_moe.py; no fit uses them)."""
-    out = []
-    for r in MBRIDGE_MOE_H100:
-        plan = mbridge_moe_plan(r)
-        step = predict(plan).step_time_s
-        layout = f"TP{r.tp} PP{r.pp} EP{r.ep}" + vp_label(r.virtual) + f", batch {r.batch:,}"
-        what = f"{r.model} fp8-cs (NeMo {r.release}), {r.gpus:,} H100, {layout}: tokens/s per GPU"
-        predicted = MBRIDGE_MOE_SEQ * r.batch / r.gpus / step
-        out.append(_row(what, r.tokens_per_gpu, predicted, MBRIDGE_MOE_SOURCE, plan=plan))
-    return out
+    return _release_rows(
+        MBRIDGE_MOE_H100, mbridge_moe_plan, MBRIDGE_MOE_SEQ, MBRIDGE_MOE_SOURCE, lambda r: f"TP{r.tp} PP{r.pp} EP{r.ep}"
+    )
 
 
 def mpt_rows(rows: tuple[MptRow, ...] = MPT_A100, source: str = MPT_SOURCE) -> list[Row]:
