@@ -217,13 +217,15 @@ def mbridge_rows() -> list[Row]:
 def _release_rows(
     rows: Sequence[Any], plan_of: Callable[[Any], Plan], seq: int, source: str, layout_of: Callable[[Any], str]
 ) -> list[Row]:
-    """Rows of a performance summary by release (Megatron-Bridge's): tokens per second per GPU under fp8-cs."""
+    """Rows of a performance summary by release (Megatron-Bridge's): tokens per second per GPU, fp8 as current
+    scaling (fp8-cs) unless a row says bf16."""
     out = []
     for r in rows:
         plan = plan_of(r)
         step = predict(plan).step_time_s
         layout = layout_of(r) + vp_label(r.virtual) + f", batch {r.batch:,}"
-        what = f"{r.model} fp8-cs (NeMo {r.release}), {r.gpus:,} H100, {layout}: tokens/s per GPU"
+        precision = "fp8-cs" if getattr(r, "dtype", "fp8") == "fp8" else r.dtype
+        what = f"{r.model} {precision} (NeMo {r.release}), {r.gpus:,} H100, {layout}: tokens/s per GPU"
         out.append(_row(what, r.tokens_per_gpu, seq * r.batch / r.gpus / step, source, plan=plan))
     return out
 
@@ -242,8 +244,8 @@ def deepseek_rows() -> list[Row]:
 
 
 def mbridge_moe_rows() -> list[Row]:
-    """Megatron-Bridge's DGX-H100 Qwen3 MoE rows, NeMo 25.11 to 26.06, fp8 current scaling, tokens per second per GPU
-    (benchmarks/published_mbridge_moe.py; no fit uses them)."""
+    """Megatron-Bridge's DGX-H100 MoE rows, NeMo 25.11 to 26.06: Qwen3 in fp8 current scaling, gpt-oss-120b in bf16,
+    tokens per second per GPU (benchmarks/published_mbridge_moe.py; no fit uses them)."""
     return _release_rows(
         MBRIDGE_MOE_H100, mbridge_moe_plan, MBRIDGE_MOE_SEQ, MBRIDGE_MOE_SOURCE, lambda r: f"TP{r.tp} PP{r.pp} EP{r.ep}"
     )

@@ -1,5 +1,5 @@
 """A validation table nothing was built or fitted on: Megatron-Bridge's DGX-H100 MoE pre-training rows, Qwen3
-30B-A3B and 235B-A22B in fp8 with current scaling, NeMo 25.11 to 26.06.
+30B-A3B and 235B-A22B in fp8 with current scaling and gpt-oss-120b in bf16, NeMo 25.11 to 26.06.
 
 Source: NVIDIA-NeMo/Megatron-Bridge docs/performance-summary-archive.md at 067f987 (tokens per second per GPU;
 "In MoE training benchmarks, we force-balance the token distribution among experts and all benchmarks are
@@ -23,11 +23,15 @@ routing balanced and dropless (the twin's defaults); experts whole (expert tenso
 - Qwen3 30B-A3B, 16 GPUs, 1,024 sequences a step: in 26.02 PP2 VP12 EP8 with DeepEP and moe_a2a_overlap; from
   26.04 PP1 EP16 with HybridEP and no overlap. The twin prices DeepEP's and HybridEP's exchanges as NCCL's
   all-to-all over the same ranks.
+- gpt-oss-120b, 64 GPUs, bf16, PP4 EP8 over 16 dp replicas, 1,280 sequences a step (the V2 config from 26.02), the
+  all-to-all dispatcher, no overlap; the `gpt-oss-120b` preset (128-token sliding windows on alternate layers; its
+  attention sinks and projection biases not modelled). Its recompute of the norms and the experts' activation
+  (recompute_modules layernorm, moe_act) is not priced: the twin runs none.
 
 Left out, with reasons: every 25.09 row (its table states no precision); 30B in 25.11 (the table prints MBS 2 and
 VP 24 where that tag's config runs MBS 1 and VP 12) and in 26.02.01 (the table prints 26.02's PP2 VP12 EP8 where
-v0.3.1's config runs 26.04's PP1 EP16); DeepSeek-V3 (25.09 only); GPT-OSS 120B (alternating 128-token sliding-window
-attention and attention sinks, which the twin does not model); Nemotron 3 Nano (Mamba layers).
+v0.3.1's config runs 26.04's PP1 EP16); DeepSeek-V3 (25.09 only); gpt-oss-120b in 25.11 (the table prints MBS 4
+where that tag's config runs 1); Nemotron 3 Nano (Mamba layers).
 
 Run as part of benchmarks/published_figures.py.
 """
@@ -59,6 +63,8 @@ class MoeRow:
     a2a_overlap: bool
     tokens_per_gpu: float
     """Published tokens per second per GPU."""
+    dtype: str = "fp8"
+    """The table's precision: FP8 (current scaling, fp8_cs) or BF16."""
 
 
 MBRIDGE_MOE_H100 = (
@@ -71,9 +77,13 @@ MBRIDGE_MOE_H100 = (
     MoeRow("26.04", "qwen3-30b-a3b", 16, 1024, 1, 1, 1, 16, False, 8901),
     MoeRow("26.04.01", "qwen3-30b-a3b", 16, 1024, 1, 1, 1, 16, False, 8960),
     MoeRow("26.06", "qwen3-30b-a3b", 16, 1024, 1, 1, 1, 16, False, 8826),
+    MoeRow("26.02", "gpt-oss-120b", 64, 1280, 1, 4, 1, 8, False, 5993, "bf16"),
+    MoeRow("26.02.01", "gpt-oss-120b", 64, 1280, 1, 4, 1, 8, False, 5984, "bf16"),
+    MoeRow("26.04", "gpt-oss-120b", 64, 1280, 1, 4, 1, 8, False, 5810, "bf16"),
+    MoeRow("26.04.01", "gpt-oss-120b", 64, 1280, 1, 4, 1, 8, False, 5824, "bf16"),
 )
 
-EDGE_TRIM = {"qwen3-235b-a22b": 1, "qwen3-30b-a3b": 0}
+EDGE_TRIM = {"qwen3-235b-a22b": 1, "qwen3-30b-a3b": 0, "gpt-oss-120b": 0}
 """account_for_embedding/loss_in_pipeline_split: set by the 235B recipe only (qwen3_moe.py)."""
 
 
@@ -91,6 +101,6 @@ def mbridge_moe_plan(row: MoeRow) -> Plan:
             "cluster": _cluster("dgx-h100-superpod", row.gpus, 16384),
             "stack": {"name": "nemo-25.11", "overrides": overrides},
             "layout": layout,
-            "training": {"global_batch": row.batch, "tokens": 1e12, "dtype": "fp8"},
+            "training": {"global_batch": row.batch, "tokens": 1e12, "dtype": row.dtype},
         }
     )

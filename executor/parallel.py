@@ -63,6 +63,11 @@ def check_supported(plan: Plan) -> None:
             "model.tied_embeddings: the executor ties the embedding and output head only with pp=1 and tp=1; "
             "set tied_embeddings: false or pp=tp=1"
         )
+    if m.sliding_window is not None:
+        raise LayoutError(
+            "model.sliding_window: the executor's attention attends over the whole sequence; drop sliding_window "
+            "(and full_attention_every) to run the model, or keep it for the twin"
+        )
     if m.is_mla:
         raise LayoutError(
             "model.kv_lora_rank: multi-head latent attention is a twin-only model for now; the executor's layers "

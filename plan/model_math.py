@@ -2,7 +2,8 @@
 
 Model FLOPs follow PaLM (Chowdhery et al. 2022, appendix B): 6 FLOPs per active matmul parameter per token
 (2 forward, 4 backward) plus 12 · layers · heads · head_dim · seq_len for the attention scores and their weighting
-(head_dim the mean of the query-key and value widths where they differ, as under latent attention),
+(head_dim the mean of the query-key and value widths where they differ, as under latent attention; a sliding-window
+layer's queries counted against its window, not the sequence),
 counted without causal masking and without recompute — the convention of Megatron-LM's reported MFU, so figures
 compare across tools. Embedding lookups are not matmuls and count no FLOPs; the output head does.
 """
@@ -102,7 +103,7 @@ def param_count(m: ModelSpec) -> ParamCount:
 
 def model_flops_per_token(m: ModelSpec) -> float:
     """Training FLOPs per token, forward and backward, by the PaLM convention above (FLOP/token)."""
-    attention_scores = 12 * m.layers * m.heads * m.attention_width * m.seq_len
+    attention_scores = 12 * m.layers * m.heads * m.attention_width * m.seq_len * m.unmasked_window_factor
     return 6.0 * param_count(m).matmul_active + attention_scores
 
 
@@ -110,7 +111,7 @@ def recompute_flops_per_token(m: ModelSpec, recompute: str) -> float:
     """FLOPs per token that recompute adds, counted as model FLOPs are (Korthikanti et al. 2022's hardware FLOPs
     utilisation): full recompute reruns each layer's forward (a third of its 6N share, attention included);
     selective reruns the attention scores and weighting (4 · layers · heads · head_dim · seq_len)."""
-    attention = 4 * m.layers * m.heads * m.attention_width * m.seq_len
+    attention = 4 * m.layers * m.heads * m.attention_width * m.seq_len * m.unmasked_window_factor
     if recompute == "full":
         layer_params = param_count(m).matmul_active - m.vocab * m.hidden
         return 2.0 * layer_params + attention

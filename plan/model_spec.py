@@ -35,6 +35,12 @@ class ModelSpec(UserSection):
     projected from the hidden state directly."""
     rope_head_dim: NonNegativeInt = 0
     """Multi-head latent attention's decoupled RoPE width, added to each head's query and key (elements; 64)."""
+    sliding_window: PositiveInt | None = None
+    """Keys each query attends back over in the windowed layers (tokens; Mistral 7B 4,096, GPT-OSS 128); unset: every
+    layer attends over the whole sequence."""
+    full_attention_every: PositiveInt | None = None
+    """Where `sliding_window` is set, every n-th layer attends over the whole sequence (GPT-OSS 2: windowed and full
+    layers alternate; Gemma 3 6); unset: every layer is windowed."""
     v_head_dim: PositiveInt | None = None
     """Width of one value head (elements); defaults to head_dim (DeepSeek-V3: 128 against a 192-wide query)."""
     ffn_hidden: PositiveInt
@@ -87,6 +93,8 @@ class ModelSpec(UserSection):
                 raise ValueError(f"dense_layers: {self.dense_layers} leaves no MoE layer of layers={self.layers}")
         elif self.top_k or self.shared_experts:
             raise ValueError("experts: 0 (dense) but top_k or shared_experts is set; set experts or drop them")
+        if self.full_attention_every is not None and self.sliding_window is None:
+            raise ValueError("full_attention_every: only layers with a sliding window alternate; set sliding_window")
         if self.kv_lora_rank is None and (self.q_lora_rank or self.rope_head_dim):
             raise ValueError("q_lora_rank / rope_head_dim: multi-head latent attention needs kv_lora_rank; set it")
         if self.kv_lora_rank is not None and self.n_kv_heads != self.heads:
@@ -124,6 +132,31 @@ class ModelSpec(UserSection):
         """Mean of the query-key and value head widths: what the attention core's two products scale with (d_head
         where they are equal)."""
         return (self.qk_head_dim + self.v_dim) / 2
+
+    @property
+    def windowed_share(self) -> float:
+        """Share of the layers that attend over a sliding window (0 without one)."""
+        if self.sliding_window is None or self.sliding_window >= self.seq_len:
+            return 0.0
+        every = self.full_attention_every
+        return 1.0 if every is None else (self.layers - self.layers // every) / self.layers
+
+    @property
+    def causal_window_factor(self) -> float:
+        """Query-key pairs a causal layer computes, averaged over the layers, over a full causal layer's s²/2: a
+        windowed layer's s·w − w²/2 (each query attends its w most recent keys) where a full one has s²/2."""
+        share = self.windowed_share
+        if not share:
+            return 1.0
+        s, w = float(self.seq_len), float(self.sliding_window or self.seq_len)
+        return 1.0 - share + share * (s * w - w * w / 2) / (s * s / 2)
+
+    @property
+    def unmasked_window_factor(self) -> float:
+        """Keys a query is counted against by the unmasked model-FLOPs convention, averaged over the layers, over the
+        whole sequence: w / s for a windowed layer."""
+        share = self.windowed_share
+        return 1.0 - share + share * (self.sliding_window or self.seq_len) / self.seq_len
 
     @property
     def is_moe(self) -> bool:

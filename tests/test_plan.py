@@ -142,6 +142,7 @@ def test_edge_stage_trim_larger_than_an_edge_stage_is_refused() -> None:
         ("llama2-7b", 6.74e9, 0.005),  # Llama 2 model cards: 6.74B, 13.0B, 69.0B
         ("llama2-13b", 13.0e9, 0.005),
         ("llama2-70b", 69.0e9, 0.005),
+        ("gpt-oss-120b", 116.8e9, 0.005),  # gpt-oss model card: 116.8B total
     ],
 )
 def test_model_presets_match_published_parameter_counts(preset: str, total: float, tolerance: float) -> None:

@@ -182,8 +182,10 @@ def routed_load(m: ModelSpec) -> float:
 
 
 def attention_flops(m: ModelSpec, microbatch: int, seq_local: int, tp: int) -> float:
-    """Forward FLOPs of scores and weighting on one rank, causal (half of the full s x s_kv)."""
-    return 0.5 * 2 * 2 * microbatch * (m.heads / tp) * seq_local * m.seq_len * m.attention_width
+    """Forward FLOPs of scores and weighting on one rank, causal (half of the full s x s_kv; a sliding window's layers
+    only their window's, as the mean over the layers: ModelSpec.causal_window_factor)."""
+    pairs = 0.5 * seq_local * m.seq_len * m.causal_window_factor
+    return 2 * 2 * microbatch * (m.heads / tp) * pairs * m.attention_width
 
 
 @dataclass
