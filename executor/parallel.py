@@ -63,6 +63,8 @@ def check_supported(plan: Plan) -> None:
             "model.tied_embeddings: the executor ties the embedding and output head only with pp=1 and tp=1; "
             "set tied_embeddings: false or pp=tp=1"
         )
+    if m.mtp_layers:
+        raise LayoutError("model.mtp_layers: multi-token prediction is a twin-only model for now; set mtp_layers: 0")
     if m.sliding_window is not None:
         raise LayoutError(
             "model.sliding_window: the executor's attention attends over the whole sequence; drop sliding_window "

@@ -5,7 +5,8 @@ Model FLOPs follow PaLM (Chowdhery et al. 2022, appendix B): 6 FLOPs per active 
 (head_dim the mean of the query-key and value widths where they differ, as under latent attention; a sliding-window
 layer's queries counted against its window, not the sequence),
 counted without causal masking and without recompute — the convention of Megatron-LM's reported MFU, so figures
-compare across tools. Embedding lookups are not matmuls and count no FLOPs; the output head does.
+compare across tools. Embedding lookups are not matmuls and count no FLOPs; the output head does, and so do
+multi-token-prediction modules (their layer, projection and second pass through the head), which are trained.
 """
 
 from __future__ import annotations
@@ -79,6 +80,15 @@ def layer_params(m: ModelSpec, moe: bool) -> tuple[int, int]:
     return total, active
 
 
+def mtp_params(m: ModelSpec) -> tuple[int, int]:
+    """(total, active) weights of the multi-token-prediction modules: per module a layer of the model's last kind,
+    the 2h → h projection and its two input norms and a final norm; the embedding and the output head are the
+    model's own, shared (DeepSeek-V3 §2.2). Kept apart from `param_count`, as the report counts them apart."""
+    total, active = layer_params(m, moe=m.is_moe)
+    own = 2 * m.hidden * m.hidden + 3 * m.hidden
+    return m.mtp_layers * (total + own), m.mtp_layers * (active + own)
+
+
 def param_count(m: ModelSpec) -> ParamCount:
     """Count the parameters of `m`."""
     dense_total, dense_active = layer_params(m, moe=False)
@@ -104,7 +114,11 @@ def param_count(m: ModelSpec) -> ParamCount:
 def model_flops_per_token(m: ModelSpec) -> float:
     """Training FLOPs per token, forward and backward, by the PaLM convention above (FLOP/token)."""
     attention_scores = 12 * m.layers * m.heads * m.attention_width * m.seq_len * m.unmasked_window_factor
-    return 6.0 * param_count(m).matmul_active + attention_scores
+    mtp = 0.0
+    if m.mtp_layers:  # each module: its layer's and projection's matmuls, and the head once more
+        matmuls = mtp_params(m)[1] - m.mtp_layers * (2 * m.hidden + 3 * m.hidden)  # less the norms
+        mtp = 6.0 * (matmuls + m.mtp_layers * m.vocab * m.hidden) + attention_scores * m.mtp_layers / m.layers
+    return 6.0 * param_count(m).matmul_active + attention_scores + mtp
 
 
 def recompute_flops_per_token(m: ModelSpec, recompute: str) -> float:

@@ -71,6 +71,11 @@ class ModelSpec(UserSection):
     """Routed tokens the busiest expert-parallel rank of a group computes, over the even share (max / mean of the
     ranks' loads; 1 = balanced). The twin slows expert GEMMs and the all-to-all by it, at most by capacity_factor;
     `twin calibrate` reads it from an MoE run's expert-load records."""
+    mtp_layers: NonNegativeInt = 0
+    """Multi-token-prediction modules trained beside the model (DeepSeek-V3 §2.2, D = 1): each joins the next token's
+    embedding to the last hidden state through a 2h → h projection, runs one more layer (an MoE layer where the
+    model's are) and the shared output head and loss, on the last pipeline stage (Megatron-Core's
+    mtp_num_layers)."""
     aux_loss_coef: NonNegativeFloat = 0.01
     """Weight of the load-balancing loss, taken per sequence (DeepSeek-V3 §2.1.2's sequence-wise form of Switch's
     f·P loss, Fedus et al. 2022 §2.2, whose α = 0.01 is the default)."""

@@ -5,11 +5,13 @@ shared — the inputs twin/step/pipeline.py simulates. Pure functions of a StepC
 
 from __future__ import annotations
 
+from plan.schema import ModelSpec
 from twin.step import schedules
 from twin.step.comm_costs import edge_tp, layer_comm, zero3_layer_exposed
+from twin.step.compute import DTENSOR_OPS_BACKWARD, DTENSOR_OPS_FORWARD, Device
 from twin.step.context import StepContext, shape_of
 from twin.step.host import HostSharing, shares_cores
-from twin.step.kernels import PassCost, embedding_cost, head_cost, layer_cost
+from twin.step.kernels import PassCost, Shape, embedding_cost, head_cost, layer_cost
 from twin.step.memory import stage_layer_ranges, stage_params
 from twin.step.pipeline_data import ActionCost
 
@@ -41,13 +43,18 @@ def stage_costs(
     edges = {s: edge_tp(ctx, s) for s in range(lay.num_stages)} if lay.tp > 1 else {}
     costs: dict[tuple[str, int], ActionCost] = {}
     dispatch_s = ctx.stack.dispatch_us * 1e-6
-    for stage, layers in enumerate(stage_layer_ranges(plan)):
+    last = lay.num_stages - 1
+    for stage, held in enumerate(stage_layer_ranges(plan)):
         f, b, w = (dict.fromkeys(("compute", "recompute", "tp", "cp", "ep", "dp"), 0.0) for _ in range(3))
         kernels = {"F": 0, "B": 0}
         moe_layers = 0
         extras = ([embedding_cost(m, shape, ctx.device, ctx.grad_bytes)] if stage == 0 else []) + (
-            [head_cost(m, shape, ctx.device, ctx.stack)] if stage == lay.num_stages - 1 else []
+            [head_cost(m, shape, ctx.device, ctx.stack)] if stage == last else []
         )
+        layers = list(held)
+        if stage == last and m.mtp_layers:  # multi-token prediction: a layer, a projection and the head again each
+            layers += range(m.layers, m.layers + m.mtp_layers)
+            extras += [mtp_projection_cost(m, shape, ctx.device), extras[-1]] * m.mtp_layers
         for layer in layers:
             moe = m.is_moe and layer >= m.dense_layers
             moe_layers += moe
@@ -82,6 +89,19 @@ def stage_costs(
         if split:
             costs[("W", stage)] = ActionCost(**w)
     return costs
+
+
+def mtp_projection_cost(m: ModelSpec, shape: Shape, device: Device) -> PassCost:
+    """A multi-token-prediction module's 2h → h projection of the joined embedding and hidden state (Megatron-Core's
+    eh_proj, column-parallel over tp: multi_token_prediction.py), as a GEMM forward and its two backward GEMMs."""
+    tokens, h, n = float(shape.tokens), float(m.hidden), m.hidden / shape.tp
+    fwd = device.linear_s(tokens, n, 2 * h, DTENSOR_OPS_FORWARD)
+    dgrad = device.linear_s(tokens, 2 * h, n, DTENSOR_OPS_BACKWARD / 2)
+    wgrad = device.linear_s(2 * h, n, tokens, DTENSOR_OPS_BACKWARD / 2)
+    gemm = 2.0 * tokens * n * 2 * h
+    return PassCost(
+        fwd, dgrad, wgrad, 0.0, gemm, 2 * gemm, 0.0, gemm_s=(dgrad, wgrad), forward_gemm_s=fwd, kernels=(1, 2)
+    )
 
 
 AMAX_BYTES_PER_LAYER = 4 * 3 * 4

@@ -108,6 +108,12 @@ def stage_params(plan: Plan, stage: int) -> StageParams:
         dense += m.vocab * m.hidden / tp
     if stage == last:  # a tied head keeps its own copy only on a different stage (Megatron's shared embedding)
         dense += m.hidden + (m.vocab * m.hidden / tp if not (m.tied_embeddings and last == 0) else 0.0)
+    if stage == last and m.mtp_layers:  # each module: a layer, its 2h → h projection and norms; and the embedding
+        # its next tokens are looked up in, kept on this stage too unless it is the first (Megatron-Core's MTP)
+        module = layer_params(plan, m.layers)
+        dense += m.mtp_layers * (module.dense + 2 * m.hidden * m.hidden / tp + 3 * m.hidden)
+        expert += m.mtp_layers * module.expert
+        dense += m.vocab * m.hidden / tp if last != 0 else 0.0
     return StageParams(dense, expert)
 
 

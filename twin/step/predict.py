@@ -137,6 +137,7 @@ def rank_memories(plan: Plan, cluster: Cluster, stack: Stack) -> list[MemoryBrea
         s: sum(moe / dense if m.is_moe and i >= m.dense_layers else 1.0 for i in layers)
         for s, layers in enumerate(stage_layer_ranges(plan))
     }
+    weights[lay.num_stages - 1] += m.mtp_layers * (moe / dense)  # multi-token prediction's layers keep theirs too
     kept_for_w = kept if schedules.splits_weight_grad(lay.schedule) else 0.0
     live = schedules.peak_live_per_rank(
         lay.schedule, lay.pp, lay.virtual_stages, plan.num_microbatches, weights, kept_for_w
