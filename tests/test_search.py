@@ -201,10 +201,12 @@ def test_goodput_time_reranks_the_finalists_by_whole_run_days(base: dict[str, An
 
 def test_moe_shapes_fold_experts_over_tp_and_the_bounds_stay_bounds() -> None:
     """An MoE search tries folded experts (layout.expert_tp 1) where tp > 1, so ep may exceed dp; every such
-    candidate is a plan the loader accepts, and under a stack whose combined 1F1B hides all-to-alls the cheap and the
-    walked bounds still never exceed the simulated step."""
+    candidate is a plan the loader accepts, and under a stack whose combined 1F1B hides all-to-alls, with a
+    multi-token-prediction module on the last stage, the cheap and the walked bounds still never exceed the
+    simulated step."""
     base = front.base_of("qwen3-30b-a3b", "dgx-h100-superpod", []).data
     base = {**base, "stack": {"name": "nemo-25.11", "overrides": {"ep_overlap": True}}}
+    base = {**base, "model": {**base["model"], "mtp_layers": 1}}  # and the bound's multi-token prediction
     space = Space(gpus=(16, 16), batch_sequences=(32, 32), tp=(1, 2), cp=(1,), pp=(1, 2), ep=(8, 16),
                   microbatch_size=(1,), schedule=("1f1b", "interleaved-1f1b"), virtual_stages=(2,),
                   zero=(1,), recompute=("none",), sequence_parallel=(True,))  # fmt: skip

@@ -23,7 +23,7 @@ from twin.search.space import Knobs, Shape, plan_data
 from twin.step import schedules
 from twin.step.comm_costs import dp_costs, layer_comm, p2p_costs
 from twin.step.context import PredictOptions, shape_of, step_context
-from twin.step.costs import NORM_REDUCTION_BYTES, layer_costs, optimizer_s
+from twin.step.costs import NORM_REDUCTION_BYTES, layer_costs, mtp_projection_cost, optimizer_s
 from twin.step.fabric import Fabric
 from twin.step.kernels import embedding_cost, head_cost
 from twin.step.memory import stage_layer_ranges
@@ -125,6 +125,14 @@ class Bounds:
             forward, backward = min(options, key=sum)
             out[moe] = (forward, backward + c.backward_weight_s)
             out[("W", moe)] = (0.0, c.backward_weight_s)
+        if plan.model.mtp_layers:  # the last stage's multi-token prediction: a layer, a projection, the head again
+            n, layer = plan.model.mtp_layers, plan.model.is_moe
+            proj = mtp_projection_cost(plan.model, shape, ctx.device)
+            (hf, hb), (lf, lb) = out["head"], out[layer]
+            hw, lw = out[("W", "head")][1], out[("W", layer)][1]
+            proj_b = proj.backward_input_s + proj.backward_weight_s
+            out["head"] = (hf + n * (lf + proj.forward_s + hf), hb + n * (lb + proj_b + hb))
+            out[("W", "head")] = (0.0, hw + n * (lw + proj.backward_weight_s + hw))
         return out
 
     def pipeline_s(self, plan: Plan) -> float:
