@@ -9,7 +9,8 @@ from executor.parallel import LayoutError, check_supported
 from plan import loader
 from plan.model_math import attention_params, latent_down_params, model_flops_per_token, param_count
 from plan.schema import ModelSpec
-from twin.step.kernels import Shape, attention_flops, latent_gemms, weight_gemms
+from twin.step.context import PredictOptions, step_context
+from twin.step.kernels import Shape, attention_flops, latent_gemms, layer_cost, weight_gemms
 from twin.step.memory import activation_bytes, layer_params
 
 H, HEADS, Q_LORA, KV_LORA, ROPE, D, V = 7168, 128, 1536, 512, 64, 128, 128
@@ -38,12 +39,9 @@ def test_down_projections_stay_whole_on_each_tensor_parallel_rank() -> None:
 
 def test_latent_gemms_run_the_down_projection_on_the_shard_and_split_the_up_projections() -> None:
     m, tokens, tp = _deepseek(), 4096, 2
-    gemms = latent_gemms(m, Shape(tokens, tp, True))
-    assert gemms == [
-        (tokens / tp, Q_LORA + KV_LORA + ROPE, H, 1.0),
-        (tokens, HEADS * (D + ROPE) / tp, Q_LORA, 1.0),
-        (tokens, HEADS * (D + V) / tp, KV_LORA, 1.0),
-    ]
+    down, up = latent_gemms(m, Shape(tokens, tp, True))
+    assert down == [(tokens / tp, Q_LORA + KV_LORA + ROPE, H, 1.0)]
+    assert up == [(tokens, HEADS * (D + ROPE) / tp, Q_LORA, 1.0), (tokens, HEADS * (D + V) / tp, KV_LORA, 1.0)]
     assert weight_gemms(m, Shape(tokens, tp, True), moe=True)["proj"] == [(tokens, H, HEADS * V / tp, 1.0)]
 
 
@@ -66,6 +64,14 @@ def test_recomputed_up_projections_keep_the_latents_instead_of_the_heads() -> No
     heads = HEADS * (D + ROPE) * 2 + HEADS * V - (HEADS * ROPE + ROPE)  # Q, K, V less what RoPE rewrites
     latents = Q_LORA + KV_LORA + ROPE
     assert kept_heads - kept == pytest.approx((heads - latents) * tokens * 2)
+    # and the backward reruns the two up-projections: their forward FLOPs, on top of selective recompute's
+    shape = Shape(tokens, 1, False, seq_kv=tokens)
+    device = step_context(plan, loader.plan_cluster(plan), PredictOptions()).device
+    rerun, once = (layer_cost(plan.model, shape, device, s, True, "selective") for s in
+                   (stack, stack.model_copy(update={"mla_up_recompute": False})))  # fmt: skip
+    up_flops = 2 * tokens * (Q_LORA * HEADS * (D + ROPE) + KV_LORA * HEADS * (D + V))
+    assert rerun.recompute_flops - once.recompute_flops == pytest.approx(up_flops)
+    assert rerun.recompute_s > once.recompute_s
 
 
 @pytest.mark.parametrize(

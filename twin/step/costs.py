@@ -48,13 +48,14 @@ def stage_costs(
         f, b, w = (dict.fromkeys(("compute", "recompute", "tp", "cp", "ep", "dp"), 0.0) for _ in range(3))
         kernels = {"F": 0, "B": 0}
         moe_layers = 0
+        head = head_cost(m, shape, ctx.device, ctx.stack)
         extras = ([embedding_cost(m, shape, ctx.device, ctx.grad_bytes)] if stage == 0 else []) + (
-            [head_cost(m, shape, ctx.device, ctx.stack)] if stage == last else []
+            [head] if stage == last else []
         )
         layers = list(held)
         if stage == last and m.mtp_layers:  # multi-token prediction: a layer, a projection and the head again each
             layers += range(m.layers, m.layers + m.mtp_layers)
-            extras += [mtp_projection_cost(m, shape, ctx.device), extras[-1]] * m.mtp_layers
+            extras += [mtp_projection_cost(m, shape, ctx.device), head] * m.mtp_layers
         for layer in layers:
             moe = m.is_moe and layer >= m.dense_layers
             moe_layers += moe

@@ -108,7 +108,7 @@ def weight_gemms(m: ModelSpec, shape: Shape, moe: bool) -> dict[str, list[Gemm]]
         [(tokens, (hq + 2 * hkv) / t, h, 1.0)] if fused else [(tokens, n / t, h, 1.0) for n in (hq, hkv, hkv)]
     )
     if m.is_mla:
-        qkv = latent_gemms(m, shape)
+        qkv = [g for part in latent_gemms(m, shape) for g in part]
     gemms: dict[str, list[Gemm]] = {"qkv": qkv, "proj": [(tokens, h, m.heads * m.v_dim / t, 1.0)]}
     ups = 2 if m.glu else 1
     if not moe:
@@ -128,12 +128,12 @@ def weight_gemms(m: ModelSpec, shape: Shape, moe: bool) -> dict[str, list[Gemm]]
     return {**gemms, ROUTER: [(tokens, float(m.experts), h, 1.0)], "fc1": fc1, "fc2": fc2}
 
 
-def latent_gemms(m: ModelSpec, shape: Shape) -> list[Gemm]:
+def latent_gemms(m: ModelSpec, shape: Shape) -> tuple[list[Gemm], list[Gemm]]:
     """Multi-head latent attention's projections on one tp rank, as Megatron-Core runs them
     (transformer/multi_latent_attention.py): the down-projections whole on every rank, on its sequence-parallel shard
     of tokens (parallel_mode "duplicated"); the latents gathered over tp, then the up-projections column-parallel
     over the heads: queries from the query latent (or from the hidden state), keys and values from the key-value
-    latent."""
+    latent. Returns (down-projections, up-projections): the up-projections are what Stack.mla_up_recompute reruns."""
     assert m.kv_lora_rank is not None
     t, tokens, h = shape.tp, float(shape.tokens), float(m.hidden)
     shard = tokens / (t if shape.sequence_parallel else 1)
@@ -141,7 +141,7 @@ def latent_gemms(m: ModelSpec, shape: Shape) -> list[Gemm]:
     down: list[Gemm] = [(shard, float(m.kv_lora_rank + m.rope_head_dim + (q_lora or 0)), h, 1.0)]
     q_up: Gemm = (tokens, m.heads * m.qk_head_dim / t, float(q_lora or m.hidden), 1.0)
     kv_up: Gemm = (tokens, m.heads * (m.d_head + m.v_dim) / t, float(m.kv_lora_rank), 1.0)
-    return [*down, q_up, kv_up]
+    return down, [q_up, kv_up]
 
 
 ROUTER = "router"
@@ -226,7 +226,7 @@ def layer_cost(m: ModelSpec, shape: Shape, device: Device, stack: Stack, moe: bo
                 _add_gemm(device, gemm, (fwd, dgrad, wgrad), attention_block, forward_device)
             fwd_gemm += fwd.seconds - before
             if kernel.gemm == "qkv" and m.is_mla and stack.mla_up_recompute:  # rerun from the latents
-                for mm, nn, kk, b in gemms["qkv"][-2:]:  # latent_gemms: the query and key-value up-projections
+                for mm, nn, kk, b in latent_gemms(m, shape)[1]:
                     again.add(_batched(device, mm, nn, kk, b, DTENSOR_OPS_FORWARD), 2 * mm * nn * kk * b, 0)
             if device.operand_bytes == 1:
                 experts = moe and kernel.gemm not in ATTENTION_GEMMS  # behind the dispatcher, not a tp gather
