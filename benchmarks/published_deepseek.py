@@ -20,12 +20,14 @@ What each row runs, as the twin holds it:
 - the `nemo-24.12` stack with what the script sets beyond it: Transformer Engine's cross-entropy
   (cross_entropy_fusion_impl "te", the nemo-25.11 stack's head kernels), no userbuffers
   (MegatronCommOverlapCallback tp_comm_overlap=False: Transformer Engine's own backward overlap);
+- the experts as DeepSeekV3Config runs them (moe_grouped_gemm: Transformer Engine's GroupedLinear, a cuBLAS call
+  per local expert on 4 streams) and the script's moe_permute_fusion (Transformer Engine's Triton permutations);
 - no recompute of the attention core: the recipe recomputes only MLA's up-projections (recompute_modules
-  mla_up_proj: `Stack.mla_up_recompute`, the latents kept instead of the heads).
+  mla_up_proj: `Stack.mla_up_recompute`, the latents kept instead of the heads);
+- the multi-token-prediction module the pre-training recipe keeps (use_mtp True: the preset's `mtp_layers` 1, one
+  more MoE layer, projection and output head on the last stage, which its two fewer layers make room for).
 
-Not modelled: the multi-token-prediction module the pre-training recipe keeps (use_mtp True: one more MoE layer and
-output head on the last stage, which its two layers make room for; in 1F1B the last stage stays below a middle
-one), MLA's own memory-bound kernels (the latent norms, the unfused partial RoPE, the split and concatenation of
+Not modelled: MLA's own memory-bound kernels (the latent norms, the unfused partial RoPE, the split and concatenation of
 each head's RoPE and non-RoPE parts), the shared expert's overlap with the all-to-all (moe_shared_expert_overlap),
 and PerfEnvPlugin's vboost.
 
@@ -48,9 +50,21 @@ TE_CROSS_ENTROPY = [k.model_dump() for k in loader.load_stack("nemo-25.11").head
 """Transformer Engine's cross-entropy on the bf16 logits (cross_entropy_fusion_impl "te")."""
 
 
-RECIPE_OVERRIDES = {"head_kernels": TE_CROSS_ENTROPY, "tp_overlap": "backward", "mla_up_recompute": True}
+_UNFUSED_ROUTER = [k.model_dump() for k in loader.load_stack("nemo-24.12").moe_kernels if k.name.startswith("router")]
+_FUSED_PERMUTATIONS = [k.model_dump() for k in loader.load_stack("nemo-25.11").moe_kernels if k.name != "fused_router"]
+
+RECIPE_OVERRIDES = {
+    "head_kernels": TE_CROSS_ENTROPY,
+    "tp_overlap": "backward",
+    "mla_up_recompute": True,
+    "moe_kernels": _UNFUSED_ROUTER + _FUSED_PERMUTATIONS,
+    "grouped_gemm_streams": loader.load_stack("nemo-25.11").grouped_gemm_streams,
+}
 """What pretrain_deepseek_v3.py and launch.sh set beyond the stack: Transformer Engine's cross-entropy, no
-userbuffers (Transformer Engine's own backward overlap), recompute_modules mla_up_proj."""
+userbuffers (Transformer Engine's own backward overlap), recompute_modules mla_up_proj; moe_permute_fusion
+(Transformer Engine's Triton permutations, the nemo-25.11 stack's, under the router core_v0.12.0 runs unfused) and
+DeepSeekV3Config's moe_grouped_gemm (TEGroupedMLP: a cuBLAS call per local expert on 4 streams, where the
+nemo-24.12 stack's SequentialMLP runs them one at a time and concatenates their outputs)."""
 
 
 @dataclass(frozen=True)

@@ -11,8 +11,9 @@ src/megatron/bridge/recipes/qwen/qwen3_moe.py.
 
 What every row runs, as the twin holds it: the `qwen3-30b-a3b` / `qwen3-235b-a22b` model presets (sequence 4,096,
 micro-batch 1); the `nemo-25.11` stack (Transformer Engine 2.x fp8 current scaling with fp8 parameter gathers, TE's
-cross-entropy), its weight-gradient accumulation fusion from 26.04 as benchmarks/published_mbridge.py finds it;
-routing balanced and dropless (the twin's defaults); experts whole (expert tensor parallelism 1).
+cross-entropy, the fused router and permutations, the experts' GEMMs a cuBLAS call per local expert on 4 streams),
+its weight-gradient accumulation fusion from 26.04 as benchmarks/published_mbridge.py finds it; routing balanced
+and dropless (the twin's defaults); experts whole (expert tensor parallelism 1).
 
 - Qwen3 235B-A22B, 256 GPUs, TP2 PP8 VP4 EP32 over 16 dp replicas (so the experts fold over tp and dp:
   `layout.expert_tp` 1), account_for_embedding/loss_in_pipeline_split (96 / 32 = 3 layers a virtual stage, the edge
@@ -22,7 +23,8 @@ routing balanced and dropless (the twin's defaults); experts whole (expert tenso
   configs).
 - Qwen3 30B-A3B, 16 GPUs, 1,024 sequences a step: in 26.02 PP2 VP12 EP8 with DeepEP and moe_a2a_overlap; from
   26.04 PP1 EP16 with HybridEP and no overlap. The twin prices DeepEP's and HybridEP's exchanges as NCCL's
-  all-to-all over the same ranks.
+  all-to-all over the same ranks: each routed copy crosses the fabric, where both send a token to a remote node
+  once and fan it out over NVLink there (at EP16 over two nodes, top-8: about a quarter of the bytes).
 - gpt-oss-120b, 64 GPUs, bf16, PP4 EP8 over 16 dp replicas, 1,280 sequences a step (the V2 config from 26.02), the
   all-to-all dispatcher, no overlap; the `gpt-oss-120b` preset (128-token sliding windows on alternate layers; its
   attention sinks and projection biases not modelled). Its recompute of the norms and the experts' activation

@@ -131,6 +131,12 @@ class Stack(UserSection):
     moe_kernels: tuple[Kernel, ...] = ()
     """The memory-bound kernels an MoE layer runs beside the layer's: the router's softmax and top-k, the
     permutation of the routed copies before the dispatch and its inverse after the combine."""
+    grouped_gemm_streams: NonNegativeInt = 0
+    """How a rank's local experts run their GEMMs: 0, one batched kernel for all of them (a grouped GEMM); n, one
+    cuBLAS call per expert, issued round-robin on n streams (Transformer Engine's GroupedLinear, whose
+    multi_stream_cublas_gemm takes 4 compute streams: v1.13 common/include/transformer_engine/gemm.h num_streams,
+    v2.9 common/util/multi_stream.cpp num_compute_streams; Megatron-Core's SequentialMLP, an expert at a time on
+    one stream: 1). Each call is a launch, and each wave of concurrent calls pays a GEMM's fixed cost."""
     tp_overlap: TpOverlap = "none"
     """Tensor-parallel communication: none (every collective exposed), backward (the backward's all-gather and
     reduce-scatter overlap its GEMMs, Megatron 2022), userbuffers (Transformer Engine overlaps forward and

@@ -57,8 +57,9 @@ def test_the_output_head_runs_in_bf16_under_an_fp8_plan() -> None:
 
 
 def test_an_fp8_moe_layer_routes_with_a_bf16_gemm() -> None:
-    """The router's gating GEMM runs in bf16 (a plain linear outside fp8_autocast); every other weight GEMM in fp8:
-    the layer's forward GEMM time is exactly that sum."""
+    """The router's gating GEMM runs in bf16 (a plain linear outside fp8_autocast); every other weight GEMM in fp8,
+    the experts' as the stack issues them (one call per local expert): the layer's forward GEMM time is exactly
+    that sum."""
     plan, ctx = _ctx("nemo-24.12", "fp8", "layout.ep=2", preset="cpu-tiny-moe")
     gemms = weight_gemms(plan.model, shape_of(ctx), True)
     dev, ops = ctx.device, DTENSOR_OPS_FORWARD * ctx.device.sharded_s
@@ -66,7 +67,8 @@ def test_an_fp8_moe_layer_routes_with_a_bf16_gemm() -> None:
     def forward(device: Device, names: tuple[str, ...]) -> float:
         return sum(device.gemm_s(m, n, k, b) + ops for name in names for m, n, k, b in gemms[name])
 
-    expected = forward(dev.sixteen_bit(), (ROUTER,)) + forward(dev, GEMMS)
+    experts = dev.grouped(ctx.stack.grouped_gemm_streams)
+    expected = forward(dev.sixteen_bit(), (ROUTER,)) + forward(dev, ("qkv", "proj")) + forward(experts, ("fc1", "fc2"))
     assert _layer(plan, ctx, moe=True).forward_gemm_s == pytest.approx(expected, rel=1e-12)
     assert forward(dev.sixteen_bit(), (ROUTER,)) > forward(dev, (ROUTER,))
 

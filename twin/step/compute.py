@@ -99,6 +99,10 @@ class Device:
     model and kernel_s."""
     gemm_Bps: float = 0.0
     """Bandwidth of a GEMM's operands and product from the same fit (bytes/s); 0: memory_Bps."""
+    gemm_streams: int = 0
+    """A batch of GEMMs as one cuBLAS call per product, issued round-robin on this many streams (Stack.
+    grouped_gemm_streams): the products share the SMs, and each wave of concurrent calls pays one GEMM's fixed
+    cost; 0: the batch is one kernel."""
 
     @classmethod
     def of(
@@ -201,9 +205,18 @@ class Device:
         written = max(self.operand_bytes, ACT_BYTES)
         nbytes = ((m * k + k * n) * self.operand_bytes + m * n * written) * batch
         rate = self.gemm_fraction * self.in_training * self.peak_flops
+        calls = math.ceil(batch / self.gemm_streams) if self.gemm_streams else 1  # waves of concurrent calls
         if self.gemm_fixed_s:  # fitted to a measured table by shape: no one tile's waves
-            return fitted_gemm_s(flops, nbytes, rate, self.gemm_Bps or self.memory_Bps, self.gemm_fixed_s)
-        return max(flops / (rate * self.wave_efficiency(m, n, batch)), nbytes / self.memory_Bps) + self.kernel_s
+            return fitted_gemm_s(flops, nbytes, rate, self.gemm_Bps or self.memory_Bps, self.gemm_fixed_s * calls)
+        return max(flops / (rate * self.wave_efficiency(m, n, batch)), nbytes / self.memory_Bps) + self.kernel_s * calls
+
+    def grouped(self, streams: int) -> Device:
+        """The same rank issuing a batch of GEMMs as one call per product on `streams` streams (0: one kernel)."""
+        return replace(self, gemm_streams=streams) if streams != self.gemm_streams else self
+
+    def gemm_launches(self, batch: float) -> int:
+        """Kernels a (batched) GEMM launches: one per product where each is its own call, else one."""
+        return max(1, math.ceil(batch)) if self.gemm_streams and self.sm_count is not None else 1
 
     def wave_efficiency(self, m: float, n: float, batch: float = 1) -> float:
         """Share of the SMs busy over a GEMM's waves of output tiles, the better of the tile's two orientations."""

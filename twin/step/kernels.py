@@ -221,9 +221,10 @@ def layer_cost(m: ModelSpec, shape: Shape, device: Device, stack: Stack, moe: bo
             attention_block = block if kernel.gemm in ATTENTION_GEMMS else ()
             for gemm in gemms[ROUTER] if routed else ():
                 _add_gemm(device.sixteen_bit(), gemm, (fwd, dgrad, wgrad), attention_block)
-            forward_device = device.without_sms(sm_margin(stack, shape, kernel.gemm, moe))
+            streams = stack.grouped_gemm_streams if moe and kernel.gemm not in ATTENTION_GEMMS else 0  # the experts'
+            forward_device = device.without_sms(sm_margin(stack, shape, kernel.gemm, moe)).grouped(streams)
             for gemm in gemms[kernel.gemm]:
-                _add_gemm(device, gemm, (fwd, dgrad, wgrad), attention_block, forward_device)
+                _add_gemm(device.grouped(streams), gemm, (fwd, dgrad, wgrad), attention_block, forward_device)
             fwd_gemm += fwd.seconds - before
             if kernel.gemm == "qkv" and m.is_mla and stack.mla_up_recompute:  # rerun from the latents
                 for mm, nn, kk, b in latent_gemms(m, shape)[1]:
@@ -302,7 +303,7 @@ def _add_gemm(
         _batched(device, kk, nn, mm, b, DTENSOR_OPS_BACKWARD / 2),
     )
     for tally, seconds in zip(tallies, times, strict=True):
-        tally.add(seconds, 2 * mm * nn * kk * b)
+        tally.add(seconds, 2 * mm * nn * kk * b, device.gemm_launches(b))
     for tally, seconds in zip(block, times, strict=False):  # block: the attention block's three, or none
         tally.add(seconds)
 

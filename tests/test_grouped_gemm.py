@@ -1,0 +1,62 @@
+"""A rank's local experts as the stack issues their GEMMs, against closed forms: one batched kernel, one cuBLAS call
+per expert on Transformer Engine's 4 streams (GroupedLinear), or an expert at a time (SequentialMLP)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from plan import loader
+from plan.schema import Plan
+from twin.step.context import StepContext, shape_of, step_context
+from twin.step.kernels import layer_cost, weight_gemms
+from twin.step.predict import PredictOptions
+
+H100 = ["cluster=dgx-h100-superpod", "layout.tp=1", "layout.pp=2", "layout.dp=4", "layout.ep=2",
+        "layout.fused_projections=true", "training.dtype=bf16"]  # fmt: skip
+EXPERTS_LOCAL = 4  # cpu-tiny-moe: 8 experts over ep 2
+
+
+def _ctx(streams: int) -> tuple[Plan, StepContext]:
+    plan = loader.load("cpu-tiny-moe", [*H100, "stack=nemo-25.11", f"stack.grouped_gemm_streams={streams}"])
+    return plan, step_context(plan, loader.plan_cluster(plan), PredictOptions(stragglers=False))
+
+
+def _moe_layer(plan: Plan, ctx: StepContext):
+    return layer_cost(plan.model, shape_of(ctx), ctx.device, ctx.stack, True, plan.layout.recompute)
+
+
+def test_a_batch_issued_per_product_pays_a_fixed_cost_per_wave_of_streams() -> None:
+    """The products' FLOPs and bytes run at the batched rate; each wave of concurrent calls adds one GEMM's fixed
+    cost: e products on s streams pay ceil(e / s) of them where one batched kernel pays one."""
+    _, ctx = _ctx(0)
+    dev = ctx.device
+    assert dev.gemm_fixed_s > 0
+    m, n, k = 256.0, 1536.0, 2048.0
+    for experts, streams in ((4, 4), (8, 4), (16, 4), (16, 1), (3, 4)):
+        extra = dev.grouped(streams).gemm_s(m, n, k, experts) - dev.gemm_s(m, n, k, experts)
+        waves = math.ceil(experts / streams)
+        assert extra == pytest.approx((waves - 1) * dev.gemm_fixed_s, rel=1e-9, abs=1e-15)
+        assert dev.grouped(streams).gemm_launches(experts) == experts
+    assert dev.gemm_launches(16) == 1
+
+
+def test_an_moe_layer_launches_one_gemm_per_local_expert_and_sequential_experts_wait_for_each() -> None:
+    """Each expert GEMM (fc1 and fc2 forward; their input and weight gradients backward) becomes one launch per local
+    expert; an expert at a time (SequentialMLP, 1 stream) is slower than 4 streams by the fixed costs the streams
+    overlap, and 4 streams over 4 experts cost what one batched kernel costs."""
+    layers = {s: _moe_layer(*_ctx(s)) for s in (0, 1, 4)}
+    extra = EXPERTS_LOCAL - 1
+    assert layers[4].kernels[0] - layers[0].kernels[0] == 2 * extra
+    assert layers[4].kernels[1] - layers[0].kernels[1] == 4 * extra
+    plan, ctx = _ctx(1)
+    gemms = weight_gemms(plan.model, shape_of(ctx), True)
+    assert [g[3] for g in gemms["fc1"]] == [EXPERTS_LOCAL, 1]  # the routed experts, and a shared one (one call)
+    fixed = ctx.device.gemm_fixed_s
+    assert layers[1].forward_s - layers[4].forward_s == pytest.approx(2 * extra * fixed, rel=1e-9)
+    backward = (layers[1].backward_input_s + layers[1].backward_weight_s) - (
+        layers[4].backward_input_s + layers[4].backward_weight_s
+    )
+    assert backward == pytest.approx(4 * extra * fixed, rel=1e-9)
+    assert layers[4].forward_s == pytest.approx(layers[0].forward_s, rel=1e-12)
