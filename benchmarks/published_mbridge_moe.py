@@ -22,9 +22,9 @@ and dropless (the twin's defaults); experts whole (expert tensor parallelism 1).
   delay_wgrad_compute), the all-to-all dispatcher; 2,048 sequences a step in 25.11, 8,192 from 26.02 (the V2
   configs).
 - Qwen3 30B-A3B, 16 GPUs, 1,024 sequences a step: in 26.02 PP2 VP12 EP8 with DeepEP and moe_a2a_overlap; from
-  26.04 PP1 EP16 with HybridEP and no overlap. The twin prices DeepEP's and HybridEP's exchanges as NCCL's
-  all-to-all over the same ranks: each routed copy crosses the fabric, where both send a token to a remote node
-  once and fan it out over NVLink there (at EP16 over two nodes, top-8: about a quarter of the bytes).
+  26.04 PP1 EP16 with HybridEP and no overlap. Both send a token once to each remote node holding any of its
+  experts and fan it out over NVLink there (`Stack.ep_dispatch` node-forwarding: at EP16 over two nodes, top-8,
+  a quarter of the bytes NCCL's all-to-all would send across).
 - gpt-oss-120b, 64 GPUs, bf16, PP4 EP8 over 16 dp replicas, 1,280 sequences a step (the V2 config from 26.02), the
   all-to-all dispatcher, no overlap; the `gpt-oss-120b` preset (128-token sliding windows on alternate layers; its
   attention sinks and projection biases not modelled). Its recompute of the norms and the experts' activation
@@ -88,6 +88,10 @@ MBRIDGE_MOE_H100 = (
 EDGE_TRIM = {"qwen3-235b-a22b": 1, "qwen3-30b-a3b": 0, "gpt-oss-120b": 0}
 """account_for_embedding/loss_in_pipeline_split: set by the 235B recipe only (qwen3_moe.py)."""
 
+FLEX_DISPATCH = {"qwen3-30b-a3b"}
+"""The H100 configs that run moe_token_dispatcher_type "flex" (DeepEP, then HybridEP: `Stack.ep_dispatch`
+node-forwarding; qwen3_llm_pretrain.py qwen3_30b_a3b_pretrain_config_h100); 235B and gpt-oss run "alltoall"."""
+
 
 def mbridge_moe_plan(row: MoeRow) -> Plan:
     dp = row.gpus // (row.tp * row.pp)
@@ -95,7 +99,9 @@ def mbridge_moe_plan(row: MoeRow) -> Plan:
     folded = {"expert_tp": 1} if row.ep > dp else {}
     layout = _layout(row.tp, row.pp, dp, 1, row.virtual, ep=row.ep, zero=1, sequence_parallel=row.tp > 1,
                      edge_stage_trim=EDGE_TRIM[row.model], **folded)  # fmt: skip
-    overrides = {"tp_overlap": "backward", "ep_overlap": row.a2a_overlap} | release_overrides(row.release)
+    dispatch = "node-forwarding" if row.model in FLEX_DISPATCH else "all-to-all"
+    overrides = {"tp_overlap": "backward", "ep_overlap": row.a2a_overlap, "ep_dispatch": dispatch}
+    overrides |= release_overrides(row.release)
     return api.load_plan(
         {
             "name": f"mbridge-{row.release}-{row.model}-{row.gpus}",

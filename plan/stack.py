@@ -131,6 +131,12 @@ class Stack(UserSection):
     moe_kernels: tuple[Kernel, ...] = ()
     """The memory-bound kernels an MoE layer runs beside the layer's: the router's softmax and top-k, the
     permutation of the routed copies before the dispatch and its inverse after the combine."""
+    ep_dispatch: Literal["all-to-all", "node-forwarding"] = "all-to-all"
+    """How an MoE layer's tokens reach their experts across nodes: all-to-all, every routed copy sent to its expert's
+    rank (NCCL's all-to-all: Megatron-Core's alltoall dispatcher); node-forwarding, a token sent once to each
+    remote node that holds any of its experts and fanned out over NVLink there (DeepEP's normal kernels, whose
+    internode dispatch carries each token once per RDMA rank with a bit per NVLink peer: csrc/kernels/
+    internode.cu SourceMeta; Megatron-Core's HybridEP; DeepSeek-V3 §3.2.2)."""
     grouped_gemm_streams: NonNegativeInt = 0
     """How a rank's local experts run their GEMMs: 0, one batched kernel for all of them (a grouped GEMM); n, one
     cuBLAS call per expert, issued round-robin on n streams (Transformer Engine's GroupedLinear, whose

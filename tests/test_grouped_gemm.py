@@ -1,5 +1,6 @@
 """A rank's local experts as the stack issues their GEMMs, against closed forms: one batched kernel, one cuBLAS call
-per expert on Transformer Engine's 4 streams (GroupedLinear), or an expert at a time (SequentialMLP)."""
+per expert on Transformer Engine's 4 streams (GroupedLinear), or an expert at a time (SequentialMLP); and how the
+dispatch reaches them across nodes (NCCL's all-to-all, or DeepEP's forwarding)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,10 @@ import pytest
 
 from plan import loader
 from plan.schema import Plan
+from twin.step.collectives import all_to_all_time, node_forwarded_share
+from twin.step.comm_costs import layer_comm
 from twin.step.context import StepContext, shape_of, step_context
-from twin.step.kernels import layer_cost, weight_gemms
+from twin.step.kernels import layer_cost, routed_load, weight_gemms
 from twin.step.predict import PredictOptions
 
 H100 = ["cluster=dgx-h100-superpod", "layout.tp=1", "layout.pp=2", "layout.dp=4", "layout.ep=2",
@@ -60,3 +63,28 @@ def test_an_moe_layer_launches_one_gemm_per_local_expert_and_sequential_experts_
     )
     assert backward == pytest.approx(4 * extra * fixed, rel=1e-9)
     assert layers[4].forward_s == pytest.approx(layers[0].forward_s, rel=1e-12)
+
+
+def test_a_node_forwarding_dispatch_sends_a_token_once_to_each_remote_node() -> None:
+    """DeepEP's and HybridEP's dispatch: a token crosses to each remote node holding any of its experts once, so of
+    the top_k copies the share (N - 1)(1 - (1 - 1/N)^k) / k crosses N nodes: all of a one-expert token's remote
+    copies (NCCL's own (N - 1)/N), a quarter of NCCL's at top-8 over two nodes, nothing inside one node."""
+    assert node_forwarded_share(1, 4) == pytest.approx(3 / 4, rel=1e-12)
+    assert node_forwarded_share(8, 2) == pytest.approx((1 - 0.5**8) / 8, rel=1e-12)
+    assert node_forwarded_share(8, 2) / (1 / 2) == pytest.approx(0.249, abs=1e-3)
+    assert node_forwarded_share(8, 1) == 0.0
+    overrides = [*H100[:-3], "layout.dp=16", "layout.ep=16", "layout.pp=1", "model.experts=16",
+                 "training.global_batch=64", "stack=nemo-25.11"]  # fmt: skip
+    comms = {}
+    for dispatch in ("all-to-all", "node-forwarding"):
+        plan = loader.load("cpu-tiny-moe", [*overrides, f"stack.ep_dispatch={dispatch}"])
+        ctx = step_context(plan, loader.plan_cluster(plan), PredictOptions(stragglers=False))
+        comms[dispatch] = layer_comm(ctx, _moe_layer(plan, ctx), moe=True)["ep"][0]
+    span = ctx.span("ep")
+    assert (span.size, span.nodes) == (16, 2)
+    m = plan.model
+    moved = plan.layout.microbatch_size * m.seq_len * m.top_k * m.hidden * routed_load(m)
+    share = node_forwarded_share(m.top_k, span.nodes)
+    assert comms["node-forwarding"] == pytest.approx(2 * all_to_all_time(moved * 2, span, share), rel=1e-12)
+    assert comms["all-to-all"] == pytest.approx(2 * all_to_all_time(moved * 2, span), rel=1e-12)
+    assert comms["node-forwarding"] < comms["all-to-all"]

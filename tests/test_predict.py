@@ -188,7 +188,7 @@ def test_an_sp_split_moe_layer_routes_its_own_shard_and_gathers_the_routed_copie
     overrides = ["cluster=dgx-h100-superpod", f"stack={stack}", "layout.tp=4", "layout.pp=1", "layout.dp=8",
                  "layout.ep=8", "layout.sequence_parallel=true", "layout.fused_projections=true",
                  "stack.overrides.tp_overlap=none", "stack.overrides.sp_regather_input=false",
-                 f"training.dtype={dtype}"]  # fmt: skip
+                 "stack.overrides.ep_dispatch=all-to-all", f"training.dtype={dtype}"]  # fmt: skip
     plan = loader.load("cpu-tiny-moe", overrides)
     ctx = step_context(plan, loader.plan_cluster(plan), PredictOptions(stragglers=False))
     cost = layer_cost(plan.model, shape_of(ctx), ctx.device, ctx.stack, True, plan.layout.recompute)

@@ -122,15 +122,32 @@ def sharp_time(op: Op, size: float, span: GroupSpan) -> float:
     return inner + cross
 
 
-def all_to_all_time(size: float, span: GroupSpan) -> float:
+def all_to_all_time(size: float, span: GroupSpan, cross_share: float | None = None) -> float:
     """Pairwise exchange: (n-m)/n of the buffer leaves the node over the NICs, (m-1)/n stays on NVLink; both run
-    at once, and each of the n-1 peers costs a message latency."""
+    at once, and each of the n-1 peers costs a message latency. `cross_share`: the share of the buffer that
+    crosses nodes where a dispatcher forwards (node_forwarded_share); every copy that leaves the GPU still moves
+    once over NVLink, on the sending node or, forwarded, on the receiving one."""
     n, m = span.size, span.per_node
     if n <= 1:
         return 0.0
-    inside = (m - 1) / n * size / span.intra_busbw_Bps if m > 1 else 0.0
-    outside = (n - m) / n * size / (span.inter_busbw_Bps / m) if n > m else 0.0
+    if cross_share is None:
+        inside = (m - 1) / n * size / span.intra_busbw_Bps if m > 1 else 0.0
+        outside = (n - m) / n * size / (span.inter_busbw_Bps / m) if n > m else 0.0
+    else:
+        inside = (n - 1) / n * size / span.intra_busbw_Bps if m > 1 else 0.0
+        outside = cross_share * size / (span.inter_busbw_Bps / m) if n > m else 0.0
     return (n - 1) * span.latency_s + max(inside, outside)
+
+
+def node_forwarded_share(top_k: int, nodes: int) -> float:
+    """Share of an MoE dispatch buffer (top_k copies of each token) that crosses nodes when a token goes once to
+    each remote node holding any of its experts and is fanned out over NVLink there (DeepEP's normal kernels,
+    Megatron-Core's HybridEP; DeepSeek-V3 §3.2.2): with experts spread evenly over `nodes` and picked
+    independently, a token reaches (nodes - 1)·(1 - (1 - 1/nodes)^top_k) remote nodes, against top_k·(nodes -
+    1)/nodes copies sent one by one."""
+    if nodes <= 1 or top_k <= 0:
+        return 0.0
+    return (nodes - 1) * (1 - (1 - 1 / nodes) ** top_k) / top_k
 
 
 def p2p_time(size: float, span: GroupSpan) -> float:

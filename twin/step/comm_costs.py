@@ -15,6 +15,7 @@ stays exposed, and the GEMMs lose the SMs the collectives run on while they over
 from __future__ import annotations
 
 from twin.step import schedules
+from twin.step.collectives import all_to_all_time, node_forwarded_share
 from twin.step.context import StepContext, shape_of
 from twin.step.kernels import PassCost, mlp_tp, routed_load, routing_shard, sm_margin
 from twin.step.memory import layer_params, stage_params
@@ -114,7 +115,12 @@ def layer_comm(ctx: StepContext, cost: PassCost, moe: bool, paired: bool = False
     if moe and lay.ep > 1:  # dispatch and combine all-to-alls of top_k copies of each token, each way
         routed = tokens // routing_shard(shape_of(ctx))
         moved = routed * m.top_k * m.hidden * routed_load(m)  # the busiest rank's share sets it
-        a2a = sum(ctx.time("all_to_all", moved * width, ctx.span("ep")) for width in ctx.ep_bytes)
+        span = ctx.span("ep")
+        if ctx.stack.ep_dispatch == "node-forwarding" and span.nodes > 1 and not ctx.options.free_comm:
+            share = node_forwarded_share(m.top_k, span.nodes)
+            a2a = sum(all_to_all_time(moved * width, span, share) for width in ctx.ep_bytes)
+        else:
+            a2a = sum(ctx.time("all_to_all", moved * width, span) for width in ctx.ep_bytes)
         if paired:  # DualPipe overlaps it with the paired microbatch's compute
             out["ep"] = (max(0.0, a2a - cost.forward_s), max(0.0, a2a - cost.backward_input_s))
         else:
