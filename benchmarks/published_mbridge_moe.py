@@ -27,8 +27,9 @@ and dropless (the twin's defaults); experts whole (expert tensor parallelism 1).
   a quarter of the bytes NCCL's all-to-all would send across).
 - gpt-oss-120b, 64 GPUs, bf16, PP4 EP8 over 16 dp replicas, 1,280 sequences a step (the V2 config from 26.02), the
   all-to-all dispatcher, no overlap; the `gpt-oss-120b` preset (128-token sliding windows on alternate layers; its
-  attention sinks and projection biases not modelled). Its recompute of the norms and the experts' activation
-  (recompute_modules layernorm, moe_act) is not priced: the twin runs none.
+  attention sinks and projection biases not modelled), with the recipe's kernels beyond the stack
+  (`GPT_OSS_OVERRIDES`: the clamped activation's eager clamps and concatenation, fc2's bias added expert by expert,
+  the norms and the experts' activation rerun in the backward: recompute_modules layernorm, moe_act).
 
 Left out, with reasons: every 25.09 row (its table states no precision); 30B in 25.11 (the table prints MBS 2 and
 VP 24 where that tag's config runs MBS 1 and VP 12) and in 26.02.01 (the table prints 26.02's PP2 VP12 EP8 where
@@ -88,6 +89,54 @@ MBRIDGE_MOE_H100 = (
 EDGE_TRIM = {"qwen3-235b-a22b": 1, "qwen3-30b-a3b": 0, "gpt-oss-120b": 0}
 """account_for_embedding/loss_in_pipeline_split: set by the 235B recipe only (qwen3_moe.py)."""
 
+_STACK = loader.load_stack("nemo-25.11")
+
+
+def _gpt_oss_layer() -> list[dict[str, object]]:
+    """The nemo-25.11 layer as the gpt-oss recipe runs it (Megatron-Bridge v0.4.0 gpt_oss_bridge.py: bias_activation_
+    fusion, activation_func_clamp_value 7, glu_linear_offset 1; gpt_oss_workload_base_configs.py H100:
+    recompute_modules layernorm, moe_act). Megatron-Core core_v0.16.0 fusions/fused_bias_geglu.py
+    weighted_bias_quick_geglu_impl clamps the two halves of fc1's output and concatenates them in eager ops before its
+    compiled quick-GEGLU (jit_fuser is torch.compile); the norms' and the activation's outputs are not kept but rerun
+    in the backward (`saves_output` false)."""
+    layer: list[dict[str, object]] = []
+    for kernel in _STACK.layer:
+        k = kernel.model_dump()
+        if k["name"] == "te_rms_norm":
+            k["saves_output"] = False
+        if k["name"] == "fused_swiglu":
+            # clamp(x_glu), clamp(x_linear), cat: half of the input each, then the whole, each read and written;
+            # backward: the clamps' masked gradients (the cat's is a split: views)
+            clamps = {"reads": {"ffn_in": 2}, "writes": {"ffn_in": 2}, "kernels": 3, "backward": 0.75}
+            reruns = {"backward_kernels": 2, "recomputed": False, "saves_output": False}
+            layer.append({"name": "clamp_and_cat", **clamps, **reruns})
+            k.update(name="weighted_bias_quick_geglu", saves_output=False)
+        layer.append(k)
+    return layer
+
+
+GPT_OSS_EXPERT_BIAS = {
+    "name": "expert_bias_loop",
+    "reads": {"experts_in": 3},
+    "writes": {"experts_in": 3},
+    "kernels": 33,
+    "backward": 1.0,
+    "backward_kernels": 64,
+    "several_local_experts": True,
+}
+"""TEGroupedMLP._apply_bias (core_v0.16.0 moe/experts.py): fc2's bias added expert by expert in Python, `t + b * p`
+over each expert's rows, then one torch.cat of them all (16 local experts at EP8: 2 kernels each and the cat; the
+product is written at the rows' full width); backward, each expert's bias and probability gradients, a product and
+a sum each (4 kernels an expert)."""
+
+GPT_OSS_OVERRIDES = {
+    "layer": _gpt_oss_layer(),
+    "moe_kernels": [k.model_dump() for k in _STACK.moe_kernels] + [GPT_OSS_EXPERT_BIAS],
+}
+"""What the gpt-oss recipe runs beyond the nemo-25.11 stack. Not priced: the host synchronisation of the
+activation's `torch.tensor(linear_offset, device=...)` (a blocking copy, once a forward and once a recompute), the
+attention sinks (softmax_type learnable) and the projections' biases."""
+
 FLEX_DISPATCH = {"qwen3-30b-a3b"}
 """The H100 configs that run moe_token_dispatcher_type "flex" (DeepEP, then HybridEP: `Stack.ep_dispatch`
 node-forwarding; qwen3_llm_pretrain.py qwen3_30b_a3b_pretrain_config_h100); 235B and gpt-oss run "alltoall"."""
@@ -101,7 +150,7 @@ def mbridge_moe_plan(row: MoeRow) -> Plan:
                      edge_stage_trim=EDGE_TRIM[row.model], **folded)  # fmt: skip
     dispatch = "node-forwarding" if row.model in FLEX_DISPATCH else "all-to-all"
     overrides = {"tp_overlap": "backward", "ep_overlap": row.a2a_overlap, "ep_dispatch": dispatch}
-    overrides |= release_overrides(row.release)
+    overrides |= release_overrides(row.release) | (GPT_OSS_OVERRIDES if row.model == "gpt-oss-120b" else {})
     return api.load_plan(
         {
             "name": f"mbridge-{row.release}-{row.model}-{row.gpus}",
