@@ -233,6 +233,12 @@ class Stack(UserSection):
     cuda); false: the GEMM writes a fresh 16-bit gradient and the data-parallel wrapper adds it to the buffer each
     microbatch (megatron/core/distributed param hooks `main_grad.add_(grad)`): read 2 bytes and the buffer's, write
     the buffer's, per weight."""
+    grad_buffer_passes: NonNegativeFloat = 0.0
+    """Memory-bound passes each step over the rank's whole gradient buffer (every parameter it holds, unsharded, in
+    the buffer's dtype) beside the optimizer's: Megatron-Core's data-parallel wrapper zeroes it at the start of the
+    step (zero_grad_buffer: grad_data.zero_()), takes each bucket's norm to check for NaN before its reduction
+    (check_for_nan_in_grad) and scales each bucket by 1/dp before it (gradient_scaling_factor, unless
+    average_in_collective): a write, a read, a read and a write (core_v0.8.0 distributed/param_and_grad_buffer.py)."""
     fused_optimizer: bool = True
     """The optimizer updates every tensor in a few multi-tensor kernels (apex/TE fused Adam, distributed
     optimizer) rather than several kernels per tensor."""

@@ -1,6 +1,7 @@
 """A rank's local experts as the stack issues their GEMMs, against closed forms: one batched kernel, one cuBLAS call
 per expert on Transformer Engine's 4 streams (GroupedLinear), or an expert at a time (SequentialMLP); and how the
-dispatch reaches them across nodes (NCCL's all-to-all, or DeepEP's forwarding)."""
+dispatch reaches them across nodes (NCCL's all-to-all, or DeepEP's forwarding); and Megatron-Core's passes over the
+whole gradient buffer each step."""
 
 from __future__ import annotations
 
@@ -13,7 +14,9 @@ from plan.schema import Plan
 from twin.step.collectives import all_to_all_time, node_forwarded_share
 from twin.step.comm_costs import layer_comm
 from twin.step.context import StepContext, shape_of, step_context
+from twin.step.costs import optimizer_s
 from twin.step.kernels import layer_cost, routed_load, weight_gemms
+from twin.step.memory import stage_params
 from twin.step.predict import PredictOptions
 
 H100 = ["cluster=dgx-h100-superpod", "layout.tp=1", "layout.pp=2", "layout.dp=4", "layout.ep=2",
@@ -88,3 +91,21 @@ def test_a_node_forwarding_dispatch_sends_a_token_once_to_each_remote_node() -> 
     assert comms["node-forwarding"] == pytest.approx(2 * all_to_all_time(moved * 2, span, share), rel=1e-12)
     assert comms["all-to-all"] == pytest.approx(2 * all_to_all_time(moved * 2, span), rel=1e-12)
     assert comms["node-forwarding"] < comms["all-to-all"]
+
+
+def test_megatron_cores_passes_over_the_whole_gradient_buffer_cost_their_bytes_each_step() -> None:
+    """core_v0.8.0's data-parallel wrapper zeroes the whole fp32 gradient buffer each step, takes each bucket's norm
+    for the NaN check and scales it by 1/dp before the reduce-scatter: four passes over every parameter a rank
+    holds, sharded or not, beside the optimizer's own step over its ZeRO shard."""
+    base = ["cluster=dgx-h100-superpod", "stack=megatron-core-0.8", "layout.tp=1", "layout.pp=1", "layout.dp=8",
+            "layout.ep=1", "layout.zero=1", "training.global_batch=16", "training.dtype=bf16"]  # fmt: skip
+    steps = {}
+    for passes in (0, 4):
+        plan = loader.load("cpu-tiny", [*base, f"stack.grad_buffer_passes={passes}"])
+        ctx = step_context(plan, loader.plan_cluster(plan), PredictOptions(stragglers=False))
+        steps[passes] = optimizer_s(ctx)[0]
+    assert ctx.grad_bytes == 4  # the buffer accumulates and reduces in fp32 under bf16 (Megatron-LM forces it)
+    held = stage_params(plan, 0)
+    expected = ctx.device.memory_s(4 * 4 * (held.dense + held.expert), 4)
+    assert steps[4] - steps[0] == pytest.approx(expected, rel=1e-9)
+    assert loader.load_stack("megatron-core-0.8").grad_buffer_passes == 4

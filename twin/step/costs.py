@@ -5,6 +5,8 @@ shared — the inputs twin/step/pipeline.py simulates. Pure functions of a StepC
 
 from __future__ import annotations
 
+import math
+
 from plan.schema import ModelSpec
 from twin.step import schedules
 from twin.step.comm_costs import edge_tp, layer_comm, zero3_layer_exposed
@@ -181,7 +183,8 @@ def param_tensors(ctx: StepContext, stage: int, sharded_only: bool = False) -> i
 def optimizer_s(ctx: StepContext) -> dict[int, float]:
     """Seconds of the Adam step on each pipeline rank: memory-bound over the parameters it updates — its ZeRO
     shard from stage 1 on (dense over dp·cp, experts over dp / ep · cp), all of its parameters without ZeRO — plus the
-    optimizer's per-tensor ops (the job-wide gradient-norm all-reduce before it is the pipeline's barrier_s)."""
+    optimizer's per-tensor ops (the job-wide gradient-norm all-reduce before it is the pipeline's barrier_s), and
+    the stack's passes over the whole gradient buffer (Stack.grad_buffer_passes: on the compute stream, exposed)."""
     lay, eff = ctx.plan.layout, ctx.cluster.compute
     sharded_s = eff.sharded_kernel_overhead_us * 1e-6
     out = {}
@@ -194,7 +197,10 @@ def optimizer_s(ctx: StepContext) -> dict[int, float]:
         tensor_ops = eff.optimizer_kernels_per_tensor * sum(param_tensors(ctx, s) for s in stages)
         dtensor_ops = ADAM_DTENSOR_OPS * sum(param_tensors(ctx, s, sharded_only=True) for s in stages)
         host = tensor_ops * ctx.device.kernel_s + dtensor_ops * sharded_s
-        out[rank] = ctx.device.memory_s(ADAM_BYTES_PER_PARAM * local, 4) + host
+        passes = ctx.stack.grad_buffer_passes
+        held = sum(p.dense + p.expert for p in params)
+        buffer = ctx.device.memory_s(passes * ctx.grad_bytes * held, math.ceil(passes)) if passes else 0.0
+        out[rank] = ctx.device.memory_s(ADAM_BYTES_PER_PARAM * local, 4) + host + buffer
     return out
 
 
