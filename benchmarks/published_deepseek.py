@@ -27,9 +27,12 @@ What each row runs, as the twin holds it:
 - the multi-token-prediction module the pre-training recipe keeps (use_mtp True: the preset's `mtp_layers` 1, one
   more MoE layer, projection and output head on the last stage, which its two fewer layers make room for).
 
-Not modelled: MLA's own memory-bound kernels (the latent norms, the unfused partial RoPE, the split and concatenation of
-each head's RoPE and non-RoPE parts), the shared expert's overlap with the all-to-all (moe_shared_expert_overlap),
-and PerfEnvPlugin's vboost.
+MLA's own memory-bound kernels are the nemo-24.12 stack's `attention_form: latent` list (DeepSeekV3Config leaves
+apply_rope_fusion off: the eager RoPE of the positional parts, the query's and key's concatenations, the value's
+copy), rerun with the recomputed up-projections. Not modelled: the latent norms (inside Transformer Engine's
+LayerNormLinear up-projections in core_v0.12.0's spec; small beside the heads), Megatron-Core 0.12's column-parallel
+down-projections with their gathers (the twin keeps them whole on each rank, as later releases do), the shared
+expert's overlap with the all-to-all (moe_shared_expert_overlap), and PerfEnvPlugin's vboost.
 
 Run as part of benchmarks/published_figures.py.
 """

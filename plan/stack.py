@@ -49,6 +49,10 @@ TENSORS: Final = {
         "each tp rank routes its own sequence shard)"
     ),
     "router": "an MoE layer's router logits or probabilities (experts; over tp as `routed`)",
+    "query": "the attention core's query heads, keys the same size (heads·qk_head_dim / tp; MLA: 128 + 64 RoPE)",
+    "kv_up": "multi-head latent attention's key-value up-projection output (heads·(head_dim + v_dim) / tp)",
+    "q_pe": "the RoPE part of the query heads under latent attention (heads·rope_head_dim / tp)",
+    "k_pe": "latent attention's one RoPE key head, shared by every head and whole on each rank (rope_head_dim)",
     "experts_in": (
         "an MoE layer's routed copies as its experts take them (top_k · hidden at the busiest rank's load: gathered "
         "over tp where the experts are split over tp, else over tp as `routed`)"
@@ -96,9 +100,19 @@ class Kernel(UserSection):
     several_local_experts: bool = False
     """It runs only where a rank holds more than one routed expert (sorting the received tokens by local expert, and
     back; an expert-by-expert MLP's concatenations): an MoE kernel."""
+    attention_form: Literal["any", "standard", "latent"] = "any"
+    """The layers it runs in: every layer (any); only where attention has whole Q, K, V heads (standard: a RoPE over
+    them); only under multi-head latent attention (latent: the RoPE over the heads' positional parts and the splits
+    and concatenations that join them to the rest, which Stack.mla_up_recompute reruns with the up-projections)."""
     fp8_output: bool = False
     """Under an fp8 plan it writes its output in fp8 for the GEMM after it, so that GEMM's input needs no cast of
     its own, only the transpose its weight gradient reads (Transformer Engine's LayerNormLinear, LayerNormMLP)."""
+
+    def runs_in(self, latent: bool, experts_local: int) -> bool:
+        """Whether it runs in a layer with (or without) latent attention on a rank holding `experts_local`."""
+        if self.several_local_experts and experts_local <= 1:
+            return False
+        return self.attention_form == "any" or (self.attention_form == "latent") == latent
 
     @model_validator(mode="after")
     def _one_kind(self) -> Kernel:

@@ -9,6 +9,7 @@ from executor.parallel import LayoutError, check_supported
 from plan import loader
 from plan.model_math import attention_params, latent_down_params, model_flops_per_token, param_count
 from plan.schema import ModelSpec
+from twin.step.compute import Device
 from twin.step.context import PredictOptions, step_context
 from twin.step.kernels import Shape, attention_flops, latent_gemms, layer_cost, weight_gemms
 from twin.step.memory import activation_bytes, layer_params
@@ -72,6 +73,41 @@ def test_recomputed_up_projections_keep_the_latents_instead_of_the_heads() -> No
     up_flops = 2 * tokens * (Q_LORA * HEADS * (D + ROPE) + KV_LORA * HEADS * (D + V))
     assert rerun.recompute_flops - once.recompute_flops == pytest.approx(up_flops)
     assert rerun.recompute_s > once.recompute_s
+
+
+def _stack_layer_cost(stack_name: str, model: ModelSpec, keep: set[str], recompute_up: bool = False):
+    """One layer's cost on a DGX H100 rank (TP2, sequence parallel, 4,096 tokens) under `stack_name` cut down to the
+    kernels named in `keep`: what those kernels add, and nothing of the GEMMs'."""
+    stack = loader.load_stack(stack_name)
+    layer = tuple(k for k in stack.layer if k.name in keep)
+    stack = stack.model_copy(update={"layer": layer, "moe_kernels": (), "mla_up_recompute": recompute_up})
+    device = Device.of(loader.load_cluster("dgx-h100-superpod"), "bf16", 8)
+    return layer_cost(model, Shape(4096, 2, True, seq_kv=4096), device, stack, False, "none"), device
+
+
+def test_latent_kernels_run_only_under_latent_attention() -> None:
+    deepseek, llama = _deepseek(), ModelSpec.model_validate(loader.expand_model({"model": "llama3-8b"}, "x")["model"])
+    names = {"fused_rope", "mla_rope_q", "mla_rope_k", "mla_query_cat", "mla_key_cat", "mla_value_copy"}
+    (latent, _), (standard, _) = (_stack_layer_cost("nemo-24.12", m, names) for m in (deepseek, llama))
+    assert latent.kernels == (13 + 13 + 3, 8 + 8 + 1 + 2)  # the MLA list, not the fused RoPE
+    assert standard.kernels == (1, 1)  # the fused RoPE alone
+
+
+def test_fused_latent_rope_moves_the_up_projection_out_and_the_key_and_value_in() -> None:
+    m, n, tokens = _deepseek(), HEADS / 2, 4096  # TP2: 64 heads a rank
+    cost, device = _stack_layer_cost("nemo-25.11", m, {"fused_mla_rope_kv"})
+    nbytes = 2 * tokens * (n * (D + V) + ROPE + n * (D + ROPE) + n * V)  # kv_up and k_pe in, key and value out
+    assert cost.forward_s - device.layer_s == pytest.approx(device.elementwise_s(nbytes, 1))
+    assert cost.backward_input_s == pytest.approx(device.elementwise_s(nbytes, 1))
+
+
+def test_recomputed_up_projections_rerun_the_latent_kernels() -> None:
+    names = {"mla_rope_q", "mla_rope_k", "mla_query_cat", "mla_key_cat", "mla_value_copy"}
+    (kept, _), (rerun, _) = (_stack_layer_cost("nemo-24.12", _deepseek(), names, up) for up in (False, True))
+    assert kept.recompute_s == 0.0
+    bare, _ = _stack_layer_cost("nemo-24.12", _deepseek(), set())
+    assert rerun.recompute_s == pytest.approx(rerun.forward_s - bare.forward_s)
+    assert rerun.recompute_s > 0
 
 
 @pytest.mark.parametrize(

@@ -76,13 +76,11 @@ class PassCost:
 def tensor_sizes(m: ModelSpec, shape: Shape, moe: bool) -> dict[str, float]:
     """Elements of each named tensor (plan.stack.TENSORS) per token of the microbatch on this rank."""
     t = shape.tp
-    hq, hkv = m.heads * m.d_head, m.n_kv_heads * m.d_head
     # the attention core's inputs: Q and K heads (with MLA's RoPE part) and V heads; RoPE rewrites its part of Q, K
     q_in, v_in = m.heads * m.qk_head_dim, m.n_kv_heads * m.v_dim
-    roped = m.heads * m.rope_head_dim + m.rope_head_dim if m.is_mla else hq + hkv
+    roped = m.heads * m.rope_head_dim + m.rope_head_dim if m.is_mla else (m.heads + m.n_kv_heads) * m.d_head
     width = (m.moe_ffn_hidden or 0) * (m.top_k + m.shared_experts) if moe else m.ffn_hidden
-    mlp_t = mlp_tp(shape, moe)
-    shard = routing_shard(shape)
+    mlp_t, shard = mlp_tp(shape, moe), routing_shard(shape)
     return {
         "h": float(m.hidden),
         "h_sp": m.hidden / t if shape.sequence_parallel else float(m.hidden),
@@ -95,6 +93,10 @@ def tensor_sizes(m: ModelSpec, shape: Shape, moe: bool) -> dict[str, float]:
         "logits": m.vocab / t,
         "routed": m.top_k * routed_load(m) * m.hidden / shard if moe else 0.0,
         "router": m.experts / shard if moe else 0.0,
+        "query": q_in / t,
+        "kv_up": m.heads * (m.d_head + m.v_dim) / t,
+        "q_pe": m.heads * m.rope_head_dim / t,
+        "k_pe": float(m.rope_head_dim),
         "experts_in": m.top_k * routed_load(m) * m.hidden / expert_rows_shard(shape) if moe else 0.0,
     }
 
@@ -213,7 +215,7 @@ def layer_cost(m: ModelSpec, shape: Shape, device: Device, stack: Stack, moe: bo
     block = (_Tally(), _Tally(), _Tally())  # the attention block's GEMMs: forward, input and weight gradients
     cast_in = False  # the kernel before wrote its output in fp8 (Kernel.fp8_output)
     for kernel in stack.layer + (stack.moe_kernels if moe else ()):
-        if kernel.several_local_experts and shape.experts_local <= 1:
+        if not kernel.runs_in(m.is_mla, shape.experts_local):
             continue
         before = fwd.seconds
         if kernel.gemm:
@@ -250,6 +252,7 @@ def layer_cost(m: ModelSpec, shape: Shape, device: Device, stack: Stack, moe: bo
             )
         cast_in = kernel.fp8_output
         rerun = recompute == "selective" and kernel.recomputed and not kernel.gemm
+        rerun = rerun or (kernel.attention_form == "latent" and stack.mla_up_recompute)  # with the up-projections
         if recompute == "full" or rerun or not kernel.saves_output:
             again.add(fwd.seconds - before, 0.0, 0)
     if not stack.wgrad_accumulation_fusion:

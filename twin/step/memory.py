@@ -136,13 +136,14 @@ def activation_bytes(plan: Plan, stack: Stack, moe: bool) -> tuple[float, float]
     if lay.recompute == "full":
         return shape.tokens * sizes["h_sp"] * act_bytes(plan.training.dtype), 1.0
     selective = lay.recompute == "selective"
+    kernels = [k for k in stack.layer if k.runs_in(m.is_mla, experts_local=1)]
     kept = sum(
         n * sizes[t]
-        for k in stack.layer
+        for k in kernels
         if not k.gemm and not k.attention and k.saves_output and not (selective and k.recomputed)
         for t, n in k.writes.items()
     )
-    rope = any("qk" in k.writes for k in stack.layer)
+    rope = any("qk" in k.writes for k in kernels)
     if m.is_mla and stack.mla_up_recompute:  # the gathered latents, not the heads the up-projections make of them
         kept += (m.q_lora_rank or 0) + (m.kv_lora_rank or 0) + m.rope_head_dim + sizes["ffn_in"]
     else:
