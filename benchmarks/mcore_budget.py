@@ -92,9 +92,7 @@ def micro_batch_errors() -> list[dict[str, Any]]:
         for mbs in MICRO_BATCHES:
             if (row.batch // row.dp) % mbs:
                 continue
-            plan = mcore_plan(row)
-            plan = plan.model_copy(update={"layout": plan.layout.model_copy(update={"microbatch_size": mbs})})
-            plan = api.load_plan(plan.model_dump(mode="json"))
+            plan = api.load_plan(mcore_plan(row), [f"layout.microbatch_size={mbs}"])
             pred, memory = api.predict(plan), api.memory(plan)
             out.append({"row": row.name, "microbatch": mbs, "tflops_error": mcore_tflops(row, pred.step_time_s) /
                         row.tflops - 1, "dp_exposed_s": pred.breakdown_s["dp_comm_exposed"],

@@ -11,7 +11,7 @@ from plan.model_math import attention_params, latent_down_params, model_flops_pe
 from plan.schema import ModelSpec
 from twin.step.compute import Device
 from twin.step.context import PredictOptions, step_context
-from twin.step.kernels import Shape, attention_flops, latent_gemms, layer_cost, weight_gemms
+from twin.step.kernels import PassCost, Shape, attention_flops, latent_gemms, layer_cost, weight_gemms
 from twin.step.memory import activation_bytes, layer_params
 
 H, HEADS, Q_LORA, KV_LORA, ROPE, D, V = 7168, 128, 1536, 512, 64, 128, 128
@@ -75,7 +75,9 @@ def test_recomputed_up_projections_keep_the_latents_instead_of_the_heads() -> No
     assert rerun.recompute_s > once.recompute_s
 
 
-def _stack_layer_cost(stack_name: str, model: ModelSpec, keep: set[str], recompute_up: bool = False):
+def _stack_layer_cost(
+    stack_name: str, model: ModelSpec, keep: set[str], recompute_up: bool = False
+) -> tuple[PassCost, Device]:
     """One layer's cost on a DGX H100 rank (TP2, sequence parallel, 4,096 tokens) under `stack_name` cut down to the
     kernels named in `keep`: what those kernels add, and nothing of the GEMMs'."""
     stack = loader.load_stack(stack_name)
