@@ -52,7 +52,13 @@ from benchmarks.published_deepseek import SEQ as DEEPSEEK_SEQ
 from benchmarks.published_deepseek import SOURCE as DEEPSEEK_SOURCE
 from benchmarks.published_mbridge import MBRIDGE_H100, SEQ, mbridge_plan
 from benchmarks.published_mbridge import SOURCE as MBRIDGE_SOURCE
-from benchmarks.published_mbridge_moe import MBRIDGE_MOE_H100, mbridge_moe_plan
+from benchmarks.published_mbridge_moe import (
+    CONTROLLED_SOURCE,
+    MBRIDGE_MOE_H100,
+    QWEN3_30B_CONTROLLED,
+    controlled_plan,
+    mbridge_moe_plan,
+)
 from benchmarks.published_mbridge_moe import SEQ as MBRIDGE_MOE_SEQ
 from benchmarks.published_mbridge_moe import SOURCE as MBRIDGE_MOE_SOURCE
 from benchmarks.published_mpt import MPT_A100, MPT_A100_40GB, SOURCE_40GB, MptRow, mpt_plan, mpt_tokens_per_gpu
@@ -251,6 +257,20 @@ def mbridge_moe_rows() -> list[Row]:
     )
 
 
+def controlled_rows() -> list[Row]:
+    """Megatron-Bridge's controlled Qwen3 30B-A3B comparisons on 16 H100 in bf16: HybridEP and the alltoall
+    dispatcher, each with the expert-parallel overlap off and on (benchmarks/published_mbridge_moe.py; no fit uses
+    them)."""
+    out = []
+    for r in QWEN3_30B_CONTROLLED:
+        plan = controlled_plan(r)
+        step = predict(plan).step_time_s
+        what = f"qwen3-30b-a3b bf16, 16 H100, TP1 PP1 EP16, {r.what}: tokens/s per GPU"
+        tokens = MBRIDGE_MOE_SEQ * plan.training.global_batch / 16
+        out.append(_tokens_per_gpu_row(what, tokens, r.step_s, step, CONTROLLED_SOURCE, plan=plan))
+    return out
+
+
 def mpt_rows(rows: tuple[MptRow, ...] = MPT_A100, source: str = MPT_SOURCE) -> list[Row]:
     """MosaicML's MPT tokens per second per GPU on A100 under FSDP (benchmarks/published_mpt.py; no fit uses them)."""
     out = []
@@ -328,6 +348,7 @@ TABLES: dict[str, Callable[[], list[Row]]] = {
     "nemo-long-seq-h100": nemo_long_rows,
     "mbridge-h100": mbridge_rows,
     "mbridge-h100-moe": mbridge_moe_rows,
+    "mbridge-qwen3-30b-controlled": controlled_rows,
     "mpt-a100": mpt_rows,
     "mpt-a100-40gb": mpt_40gb_rows,
 }

@@ -142,22 +142,84 @@ FLEX_DISPATCH = {"qwen3-30b-a3b"}
 node-forwarding; qwen3_llm_pretrain.py qwen3_30b_a3b_pretrain_config_h100); 235B and gpt-oss run "alltoall"."""
 
 
-def mbridge_moe_plan(row: MoeRow) -> Plan:
+HYBRIDEP_FROM = "26.04"
+"""The release from which the flex configs run HybridEP, on 32 SMs: Megatron-Bridge v0.4.0 scripts/performance/
+utils/overrides.py sets moe_hybridep_num_sms = 32 (`Stack.ep_dispatch_sms`); 26.02's DeepEP runs inside one node."""
+
+
+def mbridge_moe_plan(row: MoeRow, dispatch: str | None = None, extra: dict[str, object] | None = None) -> Plan:
+    """The row as its release's recipe runs it; `dispatch` and `extra` stack overrides where a controlled comparison
+    changes the dispatcher or its kernels (QWEN3_30B_CONTROLLED)."""
     dp = row.gpus // (row.tp * row.pp)
     model = loader.expand_model({"model": row.model}, row.model)["model"]
     folded = {"expert_tp": 1} if row.ep > dp else {}
     layout = _layout(row.tp, row.pp, dp, 1, row.virtual, ep=row.ep, zero=1, sequence_parallel=row.tp > 1,
                      edge_stage_trim=EDGE_TRIM[row.model], **folded)  # fmt: skip
-    dispatch = "node-forwarding" if row.model in FLEX_DISPATCH else "all-to-all"
-    overrides = {"tp_overlap": "backward", "ep_overlap": row.a2a_overlap, "ep_dispatch": dispatch}
+    dispatch = dispatch or ("node-forwarding" if row.model in FLEX_DISPATCH else "all-to-all")
+    overrides: dict[str, object] = {"tp_overlap": "backward", "ep_overlap": row.a2a_overlap, "ep_dispatch": dispatch}
+    if dispatch == "node-forwarding" and _release(row.release) >= _release(HYBRIDEP_FROM):
+        overrides["ep_dispatch_sms"] = 32
     overrides |= release_overrides(row.release) | (GPT_OSS_OVERRIDES if row.model == "gpt-oss-120b" else {})
     return api.load_plan(
         {
             "name": f"mbridge-{row.release}-{row.model}-{row.gpus}",
             "model": {**model, "seq_len": SEQ},
             "cluster": _cluster("dgx-h100-superpod", row.gpus, 16384),
-            "stack": {"name": "nemo-25.11", "overrides": overrides},
+            "stack": {"name": "nemo-25.11", "overrides": overrides | (extra or {})},
             "layout": layout,
             "training": {"global_batch": row.batch, "tokens": 1e12, "dtype": row.dtype},
         }
     )
+
+
+def _release(release: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in release.split("."))
+
+
+# --- Qwen3 30B-A3B on 16 H100, bf16: Megatron-Bridge's controlled dispatcher and overlap comparisons ----------------
+
+CONTROLLED_SOURCE = (
+    "NVIDIA-NeMo/Megatron-Bridge at 067f987: skills/nemo-mbridge-perf-moe-comm-overlap/SKILL.md and card.yaml "
+    "(HybridEP, 2026-07-25), docs/training/communication-overlap.md (alltoall, 2026-05-18)"
+)
+
+
+@dataclass(frozen=True)
+class ControlledRow:
+    """One run of Megatron-Bridge's controlled Qwen3 30B-A3B comparisons on 16 H100: bf16, sequence 4,096, TP1 PP1
+    CP1 EP16, micro-batch 1, 1,024 sequences a step, routing force-balanced; each pair differs in the EP overlap
+    alone (overlap_moe_expert_parallel_comm, delayed wgrad off)."""
+
+    what: str
+    dispatch: str
+    """`Stack.ep_dispatch`: HybridEP (32 SMs, Transformer Engine CUDA graphs over moe_router and moe_preprocess) or
+    the alltoall dispatcher (CUDA graphs off, moe_permute_fusion off)."""
+    overlap: bool
+    step_s: float
+    """Published seconds per step."""
+
+
+QWEN3_30B_CONTROLLED = (
+    ControlledRow("HybridEP, EP overlap off (iterations 5-20)", "node-forwarding", False, 24.7138),
+    ControlledRow("HybridEP, EP overlap on (iterations 41-50)", "node-forwarding", True, 20.9920),
+    ControlledRow("alltoall, unfused permute, EP overlap off (iterations 3-8)", "all-to-all", False, 41.25),
+    ControlledRow("alltoall, unfused permute, EP overlap on (iterations 3-8)", "all-to-all", True, 31.31),
+)
+"""The HybridEP pair is the skill's "production-shape validation" (its Nsight comparison: communication 0.11% and
+36.55% hidden, GPU-active 22.82 s and 21.22 s); the alltoall pair its "directional rather than release-grade" smoke.
+CUDA graphs are not priced (the twin launches eagerly): in the same container scoped graphs over the alltoall
+shape ran 42.00 s against 41.36 s eager (skills/nemo-mbridge-perf-cuda-graphs/SKILL.md)."""
+
+UNFUSED = ("permute", "unpermute", "sort_by_local_expert")
+UNFUSED_PERMUTE = [k.model_dump() for k in _STACK.moe_kernels if k.name == "fused_router"] + [
+    k.model_dump() for k in loader.load_stack("nemo-24.12").moe_kernels if k.name in UNFUSED
+]
+"""moe_permute_fusion off: Megatron-Core's unfused permute, unpermute and sort by local expert in eager torch ops
+(moe_utils.permute / unpermute / sort_chunks_by_idxs without fusion: the nemo-24.12 stack's kernels, core 0.10's
+same ops), beside the fused router, which moe_router_fusion keeps; the experts stay grouped (TEGroupedMLP)."""
+
+
+def controlled_plan(row: ControlledRow) -> Plan:
+    base = MoeRow("26.06", "qwen3-30b-a3b", 16, 1024, 1, 1, 1, 16, row.overlap, 0.0, "bf16")
+    extra = {"moe_kernels": UNFUSED_PERMUTE} if row.dispatch == "all-to-all" else {}
+    return mbridge_moe_plan(base, row.dispatch, extra)

@@ -106,6 +106,22 @@ class AttentionTable(UserSection):
         return self
 
 
+class DispatchKernel(Sourced):
+    """Measured rates of an expert-parallel dispatcher whose own SM-driven kernels forward tokens over NVLink
+    (DeepEP's normal kernels, Megatron-Core's HybridEP; `Stack.ep_dispatch` node-forwarding): across nodes a token
+    goes once over the NICs to each remote node holding any of its experts, then the kernel's NVLink stage hands
+    one copy to each rank holding any of them. That stage runs on the few SMs the kernel is given, well below the
+    NVLink bandwidth NCCL reaches."""
+
+    nvlink_GBps: PositiveFloat
+    """Bytes a rank receives through the NVLink stage per second: one copy of a token per rank holding any of its
+    experts, its own copies included (1e9 bytes/s)."""
+    nic_fraction: float = Field(gt=0, le=1)
+    """Share of a rank's NIC bandwidth (the fabric tier's, efficiency applied) the RDMA stage sustains."""
+    sms: PositiveInt
+    """SMs the measurement gave the kernels (count)."""
+
+
 class ComputeEfficiency(Sourced):
     """How close real kernels come to the accelerator's peak."""
 
@@ -151,6 +167,9 @@ class ComputeEfficiency(Sourced):
     optimizer_kernels_per_tensor: NonNegativeFloat = 0.0
     """Ops the optimizer step runs per parameter tensor: about 0 for a fused multi-tensor Adam, ~11 for PyTorch's
     single-tensor AdamW (count)."""
+    ep_dispatch: DispatchKernel | None = None
+    """A node-forwarding dispatcher's measured rates on this accelerator; unset, its NVLink stage moves at NCCL's
+    NVLink bandwidth."""
     dp_overlap_fraction: float = Field(default=1.0, ge=0, le=1)
     """Share of the data-parallel gradient reduction that runs under the backward in buckets (1: Megatron/FSDP
     bucketed overlap; 0: one reduction after the backward)."""

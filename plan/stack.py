@@ -151,6 +151,11 @@ class Stack(UserSection):
     remote node that holds any of its experts and fanned out over NVLink there (DeepEP's normal kernels, whose
     internode dispatch carries each token once per RDMA rank with a bit per NVLink peer: csrc/kernels/
     internode.cu SourceMeta; Megatron-Core's HybridEP; DeepSeek-V3 §3.2.2)."""
+    ep_dispatch_sms: PositiveInt | None = None
+    """SMs a node-forwarding dispatcher's kernels run on (Megatron-Core's moe_flex_dispatcher_num_sms, formerly
+    moe_deepep_num_sms / moe_hybridep_num_sms): its NVLink stage moves tokens at the accelerator's measured rate
+    (ComputeEfficiency.ep_dispatch) scaled by these over the SMs it was measured on, up to NCCL's NVLink bandwidth,
+    and while it runs under overlapped compute it holds them. Unset: the measurement's own."""
     grouped_gemm_streams: NonNegativeInt = 0
     """How a rank's local experts run their GEMMs: 0, one batched kernel for all of them (a grouped GEMM); n, one
     cuBLAS call per expert, issued round-robin on n streams (Transformer Engine's GroupedLinear, whose

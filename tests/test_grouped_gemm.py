@@ -6,12 +6,13 @@ whole gradient buffer each step."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 
 from plan import loader
 from plan.schema import Plan
-from twin.step.collectives import all_to_all_time, node_forwarded_share
+from twin.step.collectives import all_to_all_time, node_forwarded_share, node_forwarded_time
 from twin.step.comm_costs import layer_comm
 from twin.step.context import StepContext, shape_of, step_context
 from twin.step.costs import optimizer_s
@@ -68,21 +69,28 @@ def test_an_moe_layer_launches_one_gemm_per_local_expert_and_sequential_experts_
     assert layers[4].forward_s == pytest.approx(layers[0].forward_s, rel=1e-12)
 
 
-def test_a_node_forwarding_dispatch_sends_a_token_once_to_each_remote_node() -> None:
-    """DeepEP's and HybridEP's dispatch: a token crosses to each remote node holding any of its experts once, so of
-    the top_k copies the share (N - 1)(1 - (1 - 1/N)^k) / k crosses N nodes: all of a one-expert token's remote
-    copies (NCCL's own (N - 1)/N), a quarter of NCCL's at top-8 over two nodes, nothing inside one node."""
-    assert node_forwarded_share(1, 4) == pytest.approx(3 / 4, rel=1e-12)
-    assert node_forwarded_share(8, 2) == pytest.approx((1 - 0.5**8) / 8, rel=1e-12)
-    assert node_forwarded_share(8, 2) / (1 / 2) == pytest.approx(0.249, abs=1e-3)
-    assert node_forwarded_share(8, 1) == 0.0
+def _node_forwarding_comms(extra: list[str]) -> tuple[Plan, StepContext, dict[str, float]]:
+    """One MoE layer's forward all-to-all exposure at EP16 over two DGX H100 nodes, by dispatcher."""
     overrides = [*H100[:-3], "layout.dp=16", "layout.ep=16", "layout.pp=1", "model.experts=16",
-                 "training.global_batch=64", "stack=nemo-25.11"]  # fmt: skip
+                 "training.global_batch=64", "stack=nemo-25.11", *extra]  # fmt: skip
     comms = {}
     for dispatch in ("all-to-all", "node-forwarding"):
         plan = loader.load("cpu-tiny-moe", [*overrides, f"stack.ep_dispatch={dispatch}"])
         ctx = step_context(plan, loader.plan_cluster(plan), PredictOptions(stragglers=False))
         comms[dispatch] = layer_comm(ctx, _moe_layer(plan, ctx), moe=True)["ep"][0]
+    return plan, ctx, comms
+
+
+def test_a_node_forwarding_dispatch_sends_a_token_once_to_each_remote_node() -> None:
+    """DeepEP's and HybridEP's dispatch: a token crosses to each remote node holding any of its experts once, so of
+    the top_k copies the share (N - 1)(1 - (1 - 1/N)^k) / k crosses N nodes: all of a one-expert token's remote
+    copies (NCCL's own (N - 1)/N), a quarter of NCCL's at top-8 over two nodes, nothing inside one node. On an
+    accelerator without measured dispatcher rates its NVLink stage moves at NCCL's bandwidth."""
+    assert node_forwarded_share(1, 4) == pytest.approx(3 / 4, rel=1e-12)
+    assert node_forwarded_share(8, 2) == pytest.approx((1 - 0.5**8) / 8, rel=1e-12)
+    assert node_forwarded_share(8, 2) / (1 / 2) == pytest.approx(0.249, abs=1e-3)
+    assert node_forwarded_share(8, 1) == 0.0
+    plan, ctx, comms = _node_forwarding_comms(["cluster.compute.ep_dispatch=null"])
     span = ctx.span("ep")
     assert (span.size, span.nodes) == (16, 2)
     m = plan.model
@@ -91,6 +99,66 @@ def test_a_node_forwarding_dispatch_sends_a_token_once_to_each_remote_node() -> 
     assert comms["node-forwarding"] == pytest.approx(2 * all_to_all_time(moved * 2, span, share), rel=1e-12)
     assert comms["all-to-all"] == pytest.approx(2 * all_to_all_time(moved * 2, span), rel=1e-12)
     assert comms["node-forwarding"] < comms["all-to-all"]
+
+
+DEEPEP_README = {16: (43, 43), 32: (58, 57), 64: (51, 50)}
+"""DeepEP docs/legacy.md, normal kernels on H800 with CX7 400 Gb/s, 24 SMs: dispatch / combine "RDMA" GB/s by EP
+size, counting (token, node) pairs with the sender's own node (tests/legacy/test_internode.py)."""
+
+
+@pytest.mark.parametrize("ep", sorted(DEEPEP_README))
+def test_the_dispatchers_measured_rates_give_deepeps_published_bandwidths(ep: int) -> None:
+    """node_forwarded_time at the H100's measured dispatcher rates against DeepEP's README, each EP size within 5%:
+    4,096 tokens of 7,168 in bf16, 256 experts, top-8 over min(nodes, 4) node groups. With a group limit a token's
+    8 experts fall on 4 of the nodes, so its rank pairs are those of 32 ranks and its remote nodes 4 minus its own
+    share; the kernels' time is read back as node pairs (own node included) per second, as the test script does."""
+    plan = loader.load("cpu-tiny-moe", [*H100[:-3], f"layout.dp={ep}", f"layout.ep={ep}", "layout.pp=1",
+                                        f"model.experts={ep}", f"training.global_batch={2 * ep}"])  # fmt: skip
+    ctx = step_context(plan, loader.plan_cluster(plan), PredictOptions(stragglers=False))
+    kernel = ctx.cluster.compute.ep_dispatch
+    assert kernel is not None
+    span = ctx.span("ep")
+    nodes = span.nodes
+    groups = min(nodes, 4)
+    tokens, hidden, k = 4096, 7168, 8
+    token_bytes = tokens * hidden * 2
+    node_pairs = groups * (1 - (1 - 1 / groups) ** k)
+    # the time at 4 groups' geometry: a span of 4 nodes (32 ranks) carries the same pairs over the same NICs
+    at = span if nodes <= 4 else replace(span, size=32, nodes=4)
+    remote = node_pairs - (groups / nodes) * (1 - (1 - 1 / groups) ** k)
+    seconds = node_forwarded_time(k * token_bytes, at, k, kernel, kernel.sms) - (at.size - 1) * at.latency_s
+    if nodes > 4:  # the wire carries the remote pairs of a token whose own node is picked with chance 4/8
+        wire = remote * token_bytes / (kernel.nic_fraction * span.inter_busbw_Bps / span.per_node)
+        seconds = max(seconds, wire)
+    measured = node_pairs * token_bytes / seconds / 1e9
+    dispatch, combine = DEEPEP_README[ep]
+    assert measured == pytest.approx((dispatch + combine) / 2, rel=0.05)
+
+
+def test_a_dispatcher_on_more_sms_forwards_faster_and_holds_them_under_overlapped_compute() -> None:
+    """The NVLink stage's rate scales with the SMs the stack gives it (Stack.ep_dispatch_sms) up to NCCL's NVLink
+    bandwidth; under Megatron-Core's combined 1F1B the part hidden behind the paired compute still slows that
+    compute by the SMs held (sms / sm_count of it)."""
+    top8 = ["model.experts=128", "model.top_k=8"]  # 8 experts a rank, as Qwen3 30B-A3B at EP16
+    plan, ctx, comms = _node_forwarding_comms(top8)
+    kernel = ctx.cluster.compute.ep_dispatch
+    assert kernel is not None and kernel.sms == 24
+    _, _, comms48 = _node_forwarding_comms([*top8, "stack.ep_dispatch_sms=48"])
+    span = ctx.span("ep")
+    m = plan.model
+    moved = plan.layout.microbatch_size * m.seq_len * m.top_k * m.hidden * routed_load(m)
+    one = node_forwarded_time(moved * 2, span, m.top_k, kernel, 24)
+    assert comms["node-forwarding"] == pytest.approx(2 * one, rel=1e-12)  # dispatch and combine
+    latency = (span.size - 1) * span.latency_s
+    ranks = span.size * (1 - (1 - 1 / span.size) ** m.top_k)
+    forward = ranks * moved * 2 / m.top_k
+    assert one - latency == pytest.approx(forward / (kernel.nvlink_GBps * 1e9), rel=1e-12)  # the NVLink stage binds
+    assert comms48["node-forwarding"] - 2 * latency == pytest.approx(one - latency, rel=1e-12)  # twice the rate
+    cost = _moe_layer(plan, ctx)
+    paired = layer_comm(ctx, cost, moe=True, paired=True)["ep"][0]
+    a2a = comms["node-forwarding"]
+    hidden = min(a2a, cost.forward_s)
+    assert paired == pytest.approx(a2a - hidden + hidden * 24 / 132, rel=1e-12)
 
 
 def test_megatron_cores_passes_over_the_whole_gradient_buffer_cost_their_bytes_each_step() -> None:

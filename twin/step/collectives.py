@@ -19,10 +19,13 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from plan.bench import bus_factor
 from twin.step.fabric import GroupSpan
+
+if TYPE_CHECKING:
+    from plan.accelerator import DispatchKernel
 
 Op = Literal["all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "p2p"]
 Algorithm = Literal["ring", "tree", "hierarchical", "nvls", "sharp", "direct"]
@@ -148,6 +151,23 @@ def node_forwarded_share(top_k: int, nodes: int) -> float:
     if nodes <= 1 or top_k <= 0:
         return 0.0
     return (nodes - 1) * (1 - (1 - 1 / nodes) ** top_k) / top_k
+
+
+def node_forwarded_time(size: float, span: GroupSpan, top_k: int, kernel: DispatchKernel, sms: int) -> float:
+    """A node-forwarding dispatch or combine of `size` bytes (top_k copies of each token) at its kernels' measured
+    rates (plan.accelerator.DispatchKernel): each token crosses once to each remote node holding any of its experts,
+    (nodes - 1)·(1 - (1 - 1/nodes)^top_k) of them, at the RDMA stage's share of the NIC, while the NVLink stage hands
+    one copy to each rank holding any, n·(1 - (1 - 1/n)^top_k) of them (its own included), at the kernel's NVLink
+    rate scaled by the `sms` it runs on over those it was measured on (SM-driven copies), at most NCCL's NVLink
+    bandwidth; the two stages pipeline, so the slower sets the time. Experts are spread evenly and picked
+    independently (node_forwarded_share's assumption)."""
+    n, m, nodes = span.size, span.per_node, span.nodes
+    token = size / top_k
+    remote_nodes = (nodes - 1) * (1 - (1 - 1 / nodes) ** top_k)
+    ranks = n * (1 - (1 - 1 / n) ** top_k)
+    wire = remote_nodes * token / (kernel.nic_fraction * span.inter_busbw_Bps / m)
+    forward = ranks * token / min(kernel.nvlink_GBps * 1e9 * sms / kernel.sms, span.intra_busbw_Bps)
+    return (n - 1) * span.latency_s + max(wire, forward)
 
 
 def p2p_time(size: float, span: GroupSpan) -> float:

@@ -15,7 +15,7 @@ stays exposed, and the GEMMs lose the SMs the collectives run on while they over
 from __future__ import annotations
 
 from twin.step import schedules
-from twin.step.collectives import all_to_all_time, node_forwarded_share
+from twin.step.collectives import all_to_all_time, node_forwarded_share, node_forwarded_time
 from twin.step.context import StepContext, shape_of
 from twin.step.kernels import PassCost, mlp_tp, routed_load, routing_shard, sm_margin
 from twin.step.memory import layer_params, stage_params
@@ -116,13 +116,22 @@ def layer_comm(ctx: StepContext, cost: PassCost, moe: bool, paired: bool = False
         routed = tokens // routing_shard(shape_of(ctx))
         moved = routed * m.top_k * m.hidden * routed_load(m)  # the busiest rank's share sets it
         span = ctx.span("ep")
-        if ctx.stack.ep_dispatch == "node-forwarding" and span.nodes > 1 and not ctx.options.free_comm:
+        forwarding = ctx.stack.ep_dispatch == "node-forwarding" and span.nodes > 1 and not ctx.options.free_comm
+        kernel = ctx.cluster.compute.ep_dispatch
+        held = 0.0  # share of the SMs the dispatcher's kernels hold while they run
+        if forwarding and kernel is not None:  # the dispatcher's own kernels, at their measured rates
+            sms = ctx.stack.ep_dispatch_sms or kernel.sms
+            a2a = sum(node_forwarded_time(moved * width, span, m.top_k, kernel, sms) for width in ctx.ep_bytes)
+            held = sms / (ctx.cluster.accelerator.sm_count or sms)
+        elif forwarding:
             share = node_forwarded_share(m.top_k, span.nodes)
             a2a = sum(all_to_all_time(moved * width, span, share) for width in ctx.ep_bytes)
         else:
             a2a = sum(ctx.time("all_to_all", moved * width, span) for width in ctx.ep_bytes)
-        if paired:  # DualPipe overlaps it with the paired microbatch's compute
-            out["ep"] = (max(0.0, a2a - cost.forward_s), max(0.0, a2a - cost.backward_input_s))
+        if paired:  # the paired microbatch's compute hides it, slowed by the SMs the dispatcher holds meanwhile
+            out["ep"] = tuple(  # type: ignore[assignment]
+                a2a - min(a2a, compute) * (1 - held) for compute in (cost.forward_s, cost.backward_input_s)
+            )
         else:
             out["ep"] = (a2a, a2a)
     return out
