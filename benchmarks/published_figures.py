@@ -47,6 +47,7 @@ from benchmarks.published import (
     narayanan_tflops,
     vp_label,
 )
+from benchmarks.published_deepep import DEEPEP_ROWS, deepep_gbps
 from benchmarks.published_deepseek import DGXC_DEEPSEEK_H100, deepseek_plan
 from benchmarks.published_deepseek import SEQ as DEEPSEEK_SEQ
 from benchmarks.published_deepseek import SOURCE as DEEPSEEK_SOURCE
@@ -105,6 +106,14 @@ def nccl_rows() -> list[Row]:
         got = collective_time("all_reduce", 8 * 2**30, Fabric(cluster).span(list(range(8))), net, algorithm)
         rows.append(_row(f"{name} all-reduce {algorithm} busbw GB/s", published, got.busbw_Bps / 1e9, source, kind))
     return rows
+
+
+def deepep_rows() -> list[Row]:
+    """DeepEP's normal kernels: the node-forwarding dispatch's published bandwidths (benchmarks/published_deepep.py)."""
+    return [
+        _row(f"{r.cluster} DeepEP {r.op} EP{r.ep}: {r.metric} GB/s", r.gbps, deepep_gbps(r), r.source, r.kind)
+        for r in DEEPEP_ROWS
+    ]
 
 
 def narayanan_rows() -> list[Row]:
@@ -336,6 +345,7 @@ def serialisable(row: Row) -> Row:
 
 TABLES: dict[str, Callable[[], list[Row]]] = {
     "nccl-tests": nccl_rows,
+    "deepep-kernels": deepep_rows,
     "narayanan-a100": narayanan_rows,
     "mcore-h100": mcore_rows,
     "megatron-a100-readme": korthikanti_rows,

@@ -129,6 +129,7 @@ class MoE(nn.Module):
         assert spec.moe_ffn_hidden is not None
         self.n_experts, self.top_k = spec.experts, spec.top_k
         self.score, self.capacity_factor, self.aux_coef = spec.router, spec.capacity_factor, spec.aux_loss_coef
+        self.groups = (spec.expert_groups, spec.group_top_k) if spec.expert_groups and spec.group_top_k else None
         self.router = nn.Linear(spec.hidden, spec.experts, bias=False)
         width, glu = spec.moe_ffn_hidden, spec.glu  # experts gate as the dense MLP does (the twin prices them so)
         self.experts = nn.ModuleDict({str(e): FeedForward(spec.hidden, width, glu) for e in expert_ids})
@@ -153,7 +154,8 @@ class MoE(nn.Module):
         tokens = x.reshape(-1, hidden)
         logits = self.router(tokens).float()
         scores = logits.softmax(-1) if self.score == "softmax" else logits.sigmoid()
-        top, chosen = scores.topk(self.top_k, dim=-1)  # [tokens, k]
+        top, chosen = self._limited(scores).topk(self.top_k, dim=-1)  # [tokens, k]
+        top = scores.gather(-1, chosen)
         gates = top / top.sum(-1, keepdim=True)
         keep = self._within_capacity(chosen, batch, seq).reshape(-1)  # per choice, token-major then slot
         with torch.no_grad():
@@ -176,6 +178,19 @@ class MoE(nn.Module):
         if self.aux_coef and self.training and torch.is_grad_enabled():
             out = _AuxLoss.apply(out, self._balance_loss(scores, chosen, batch, seq), self.aux_scale)
         return out
+
+    def _limited(self, scores: torch.Tensor) -> torch.Tensor:
+        """The scores a token may choose from: all of them, or under group-limited routing (ModelSpec.expert_groups)
+        only its best `group_top_k` groups', each group scored by the sum of its top_k / group_top_k best scores
+        (Megatron-Core's group_limited_topk; DeepSeek-V3 sums each group's best 2 of top-8 over 4 groups), the
+        rest set below any score."""
+        if self.groups is None:
+            return scores
+        total, chosen = self.groups
+        per_group = scores.view(scores.shape[0], total, -1)
+        best = per_group.topk(max(1, self.top_k // chosen), dim=-1).values.sum(-1)  # [tokens, groups]
+        keep = torch.zeros_like(best, dtype=torch.bool).scatter(1, best.topk(chosen, dim=-1).indices, True)
+        return per_group.masked_fill(~keep[..., None], -1.0).view_as(scores)
 
     def _within_capacity(self, chosen: torch.Tensor, batch: int, seq: int) -> torch.Tensor:
         """Which choices an expert takes: all (dropless), or per sequence the first `capacity` in token order."""

@@ -61,6 +61,14 @@ class ModelSpec(UserSection):
     """Always-active shared experts per MoE layer, each of width moe_ffn_hidden (count)."""
     dense_layers: NonNegativeInt = 0
     """Leading layers that keep a dense MLP in an MoE model, as DeepSeek-V3's first three (count)."""
+    expert_groups: PositiveInt | None = None
+    """Groups the routed experts are cut into, in order, for group-limited routing (Megatron-Core's
+    moe_router_num_groups; DeepSeek-V3's n_group 8 with its experts spread one group a node): a token's experts come
+    from its `group_top_k` best groups only, which caps the nodes a dispatch reaches (§2.1.2 "node-limited routing").
+    Unset: any expert."""
+    group_top_k: PositiveInt | None = None
+    """Groups a token's experts are drawn from (moe_router_group_topk; DeepSeek-V3's topk_group 4, "at most M = 4"
+    nodes); with `expert_groups`."""
     router: Literal["softmax", "sigmoid"] = "softmax"
     """How an MoE router scores experts: a softmax over them (Switch, Mixtral) or a sigmoid each (DeepSeek-V3); the
     top-k scores are renormalised to sum to one as the token's gates."""
@@ -96,8 +104,16 @@ class ModelSpec(UserSection):
                 raise ValueError("moe_ffn_hidden: required when experts > 0 (the width of one expert's MLP)")
             if self.dense_layers >= self.layers:
                 raise ValueError(f"dense_layers: {self.dense_layers} leaves no MoE layer of layers={self.layers}")
-        elif self.top_k or self.shared_experts:
-            raise ValueError("experts: 0 (dense) but top_k or shared_experts is set; set experts or drop them")
+            if (self.expert_groups is None) != (self.group_top_k is None):
+                raise ValueError("expert_groups and group_top_k: group-limited routing needs both; set both or neither")
+            if self.expert_groups is not None and self.group_top_k is not None:
+                if self.experts % self.expert_groups:
+                    raise ValueError(f"expert_groups: {self.expert_groups} does not divide experts={self.experts}")
+                if self.group_top_k > self.expert_groups:
+                    raise ValueError(f"group_top_k: {self.group_top_k} is more than expert_groups={self.expert_groups}")
+        elif self.top_k or self.shared_experts or self.expert_groups:
+            raise ValueError("experts: 0 (dense) but top_k, shared_experts or expert_groups is set; set experts or "
+                             "drop them")  # fmt: skip
         if self.full_attention_every is not None and self.sliding_window is None:
             raise ValueError("full_attention_every: only layers with a sliding window alternate; set sliding_window")
         if self.kv_lora_rank is None and (self.q_lora_rank or self.rope_head_dim):

@@ -39,6 +39,25 @@ def test_routing_does_not_depend_on_how_the_batch_is_split(capacity: float | Non
     torch.testing.assert_close(whole, halves, rtol=0, atol=1e-6)
 
 
+def test_group_limited_routing_draws_a_tokens_experts_from_its_best_groups() -> None:
+    """model.expert_groups 4 and group_top_k 1 over cpu-tiny-moe's 8 experts (top-2): each group scored by the sum of
+    its best top_k / group_top_k = 2 scores, a token's two experts both come from its best group, and its gates stay
+    its own scores there, renormalised; without the limit some tokens' two experts sit in two groups."""
+    x = _hidden()
+    free, _ = _moe()
+    limited, _ = _moe("model.expert_groups=4", "model.group_top_k=1")
+    tokens = x.reshape(-1, 64)
+    scores = free.router(tokens).float().softmax(-1)
+    _, unlimited = scores.topk(2, dim=-1)
+    assert bool((unlimited // 2)[:, 0].ne((unlimited // 2)[:, 1]).any())
+    best_group = scores.view(-1, 4, 2).sum(-1).argmax(-1)  # both of a group's 2 scores
+    _, chosen = limited._limited(scores).topk(2, dim=-1)
+    assert torch.equal(chosen // 2, best_group[:, None].expand(-1, 2))
+    assert torch.equal(free.router.weight, limited.router.weight)  # seeded alike: only the routing differs
+    out_free, out_limited = free(x), limited(x)
+    assert not torch.allclose(out_free, out_limited)
+
+
 def test_dropless_routes_every_choice_and_a_capacity_drops_the_excess() -> None:
     x = _hidden()
     moe, _ = _moe()

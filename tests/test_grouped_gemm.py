@@ -6,13 +6,12 @@ whole gradient buffer each step."""
 from __future__ import annotations
 
 import math
-from dataclasses import replace
 
 import pytest
 
 from plan import loader
 from plan.schema import Plan
-from twin.step.collectives import all_to_all_time, node_forwarded_share, node_forwarded_time
+from twin.step.collectives import all_to_all_time, node_forwarded_share, node_forwarded_time, routed_reach
 from twin.step.comm_costs import layer_comm
 from twin.step.context import StepContext, shape_of, step_context
 from twin.step.costs import optimizer_s
@@ -101,38 +100,20 @@ def test_a_node_forwarding_dispatch_sends_a_token_once_to_each_remote_node() -> 
     assert comms["node-forwarding"] < comms["all-to-all"]
 
 
-DEEPEP_README = {16: (43, 43), 32: (58, 57), 64: (51, 50)}
-"""DeepEP docs/legacy.md, normal kernels on H800 with CX7 400 Gb/s, 24 SMs: dispatch / combine "RDMA" GB/s by EP
-size, counting (token, node) pairs with the sender's own node (tests/legacy/test_internode.py)."""
-
-
-@pytest.mark.parametrize("ep", sorted(DEEPEP_README))
-def test_the_dispatchers_measured_rates_give_deepeps_published_bandwidths(ep: int) -> None:
-    """node_forwarded_time at the H100's measured dispatcher rates against DeepEP's README, each EP size within 5%:
-    4,096 tokens of 7,168 in bf16, 256 experts, top-8 over min(nodes, 4) node groups. With a group limit a token's
-    8 experts fall on 4 of the nodes, so its rank pairs are those of 32 ranks and its remote nodes 4 minus its own
-    share; the kernels' time is read back as node pairs (own node included) per second, as the test script does."""
-    plan = loader.load("cpu-tiny-moe", [*H100[:-3], f"layout.dp={ep}", f"layout.ep={ep}", "layout.pp=1",
-                                        f"model.experts={ep}", f"training.global_batch={2 * ep}"])  # fmt: skip
-    ctx = step_context(plan, loader.plan_cluster(plan), PredictOptions(stragglers=False))
-    kernel = ctx.cluster.compute.ep_dispatch
-    assert kernel is not None
-    span = ctx.span("ep")
-    nodes = span.nodes
-    groups = min(nodes, 4)
-    tokens, hidden, k = 4096, 7168, 8
-    token_bytes = tokens * hidden * 2
-    node_pairs = groups * (1 - (1 - 1 / groups) ** k)
-    # the time at 4 groups' geometry: a span of 4 nodes (32 ranks) carries the same pairs over the same NICs
-    at = span if nodes <= 4 else replace(span, size=32, nodes=4)
-    remote = node_pairs - (groups / nodes) * (1 - (1 - 1 / groups) ** k)
-    seconds = node_forwarded_time(k * token_bytes, at, k, kernel, kernel.sms) - (at.size - 1) * at.latency_s
-    if nodes > 4:  # the wire carries the remote pairs of a token whose own node is picked with chance 4/8
-        wire = remote * token_bytes / (kernel.nic_fraction * span.inter_busbw_Bps / span.per_node)
-        seconds = max(seconds, wire)
-    measured = node_pairs * token_bytes / seconds / 1e9
-    dispatch, combine = DEEPEP_README[ep]
-    assert measured == pytest.approx((dispatch + combine) / 2, rel=0.05)
+def test_group_limited_routing_caps_the_nodes_and_ranks_a_token_reaches() -> None:
+    """routed_reach against closed forms: top-8 over 16 ranks on 2 nodes reaches 16(1 - (15/16)^8) ranks and
+    2(1 - (1/2)^8) nodes; DeepSeek-V3's top-4 of 8 groups, a group a node, over 64 ranks leaves 4 nodes and 32 ranks
+    to pick from (§2.1.2: "at most M = 4 nodes"), and 8 groups over 4 nodes (two a node) the 4(1 - C(6,4)/C(8,4))
+    nodes holding any chosen group; the remote share node-forwarding sends drops with it."""
+    ranks, nodes = routed_reach(16, 2, 8)
+    assert (ranks, nodes) == (pytest.approx(16 * (1 - (15 / 16) ** 8)), pytest.approx(2 * (1 - 0.5**8)))
+    ranks, nodes = routed_reach(64, 8, 8, (8, 4))
+    assert ranks == pytest.approx(32 * (1 - (31 / 32) ** 8), rel=1e-12)
+    assert nodes == pytest.approx(4 * (1 - 0.75**8), rel=1e-12)
+    covered = 4 * (1 - math.comb(6, 4) / math.comb(8, 4))
+    assert routed_reach(32, 4, 8, (8, 4))[1] == pytest.approx(covered * (1 - (1 - 1 / covered) ** 8), rel=1e-12)
+    assert node_forwarded_share(8, 8, (8, 4)) < node_forwarded_share(8, 8)
+    assert node_forwarded_share(8, 8, (8, 8)) == pytest.approx(node_forwarded_share(8, 8), rel=1e-12)
 
 
 def test_a_dispatcher_on_more_sms_forwards_faster_and_holds_them_under_overlapped_compute() -> None:
@@ -149,7 +130,7 @@ def test_a_dispatcher_on_more_sms_forwards_faster_and_holds_them_under_overlappe
     moved = plan.layout.microbatch_size * m.seq_len * m.top_k * m.hidden * routed_load(m)
     one = node_forwarded_time(moved * 2, span, m.top_k, kernel, 24)
     assert comms["node-forwarding"] == pytest.approx(2 * one, rel=1e-12)  # dispatch and combine
-    latency = (span.size - 1) * span.latency_s
+    latency = (span.nodes - 1) * span.latency_s + (span.per_node - 1) * span.intra_latency_s
     ranks = span.size * (1 - (1 - 1 / span.size) ** m.top_k)
     forward = ranks * moved * 2 / m.top_k
     assert one - latency == pytest.approx(forward / (kernel.nvlink_GBps * 1e9), rel=1e-12)  # the NVLink stage binds

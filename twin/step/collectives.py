@@ -142,32 +142,59 @@ def all_to_all_time(size: float, span: GroupSpan, cross_share: float | None = No
     return (n - 1) * span.latency_s + max(inside, outside)
 
 
-def node_forwarded_share(top_k: int, nodes: int) -> float:
+Groups = tuple[int, int] | None
+"""Group-limited routing, (expert groups, groups a token draws from), or None (ModelSpec.expert_groups)."""
+
+
+def node_forwarded_share(top_k: int, nodes: int, groups: Groups = None) -> float:
     """Share of an MoE dispatch buffer (top_k copies of each token) that crosses nodes when a token goes once to
     each remote node holding any of its experts and is fanned out over NVLink there (DeepEP's normal kernels,
     Megatron-Core's HybridEP; DeepSeek-V3 §3.2.2): with experts spread evenly over `nodes` and picked
-    independently, a token reaches (nodes - 1)·(1 - (1 - 1/nodes)^top_k) remote nodes, against top_k·(nodes -
-    1)/nodes copies sent one by one."""
+    independently, a token reaches (nodes - 1)·(1 - (1 - 1/nodes)^top_k) remote nodes (fewer under group-limited
+    routing: routed_reach), against top_k·(nodes - 1)/nodes copies sent one by one."""
     if nodes <= 1 or top_k <= 0:
         return 0.0
-    return (nodes - 1) * (1 - (1 - 1 / nodes) ** top_k) / top_k
+    return routed_reach(nodes, nodes, top_k, groups)[1] * (1 - 1 / nodes) / top_k
 
 
-def node_forwarded_time(size: float, span: GroupSpan, top_k: int, kernel: DispatchKernel, sms: int) -> float:
+def routed_reach(ranks: int, nodes: int, top_k: int, groups: Groups = None) -> tuple[float, float]:
+    """Expected (ranks, nodes) holding any of one token's top_k experts, its own among them, with the experts spread
+    evenly and in order over `ranks` on `nodes` and each pick independent: s·(1 - (1 - 1/s)^top_k) over the s units
+    the token can reach. Group-limited routing (G groups in order, picks from g of them) leaves s the units those g
+    groups cover: g·units/G where a group spans whole units, else the units holding any of them,
+    units·(1 - C(G - G/units, g) / C(G, g))."""
+
+    def spread(slots: float) -> float:
+        return slots * (1 - (1 - 1 / slots) ** top_k) if slots > 1 else 1.0
+
+    def covered(units: int) -> float:
+        if groups is None:
+            return units
+        total, chosen = groups
+        if total <= units:
+            return chosen * units / total
+        per = total // units
+        return units * (1 - math.comb(total - per, chosen) / math.comb(total, chosen))
+
+    return spread(covered(ranks)), spread(covered(nodes))
+
+
+def node_forwarded_time(
+    size: float, span: GroupSpan, top_k: int, kernel: DispatchKernel, sms: int, groups: Groups = None
+) -> float:
     """A node-forwarding dispatch or combine of `size` bytes (top_k copies of each token) at its kernels' measured
-    rates (plan.accelerator.DispatchKernel): each token crosses once to each remote node holding any of its experts,
-    (nodes - 1)·(1 - (1 - 1/nodes)^top_k) of them, at the RDMA stage's share of the NIC, while the NVLink stage hands
-    one copy to each rank holding any, n·(1 - (1 - 1/n)^top_k) of them (its own included), at the kernel's NVLink
-    rate scaled by the `sms` it runs on over those it was measured on (SM-driven copies), at most NCCL's NVLink
-    bandwidth; the two stages pipeline, so the slower sets the time. Experts are spread evenly and picked
-    independently (node_forwarded_share's assumption)."""
-    n, m, nodes = span.size, span.per_node, span.nodes
+    rates (plan.accelerator.DispatchKernel): each token crosses once to each remote node holding any of its experts
+    (routed_reach), at the RDMA stage's share of the NIC, while the NVLink stage hands one copy to each rank holding
+    any, its own included, at the kernel's NVLink rate scaled by the `sms` it runs on over those it was measured on
+    (SM-driven copies), at most NCCL's NVLink bandwidth; the two stages pipeline, so the slower sets the time, and
+    each pays a message latency per peer it talks to: the other nodes' ranks on its rail, the node's other ranks."""
+    n, m = span.size, span.per_node
     token = size / top_k
-    remote_nodes = (nodes - 1) * (1 - (1 - 1 / nodes) ** top_k)
-    ranks = n * (1 - (1 - 1 / n) ** top_k)
-    wire = remote_nodes * token / (kernel.nic_fraction * span.inter_busbw_Bps / m)
+    ranks, nodes = routed_reach(n, span.nodes, top_k, groups)
+    wire = nodes * (1 - 1 / span.nodes) * token / (kernel.nic_fraction * span.inter_busbw_Bps / m)
     forward = ranks * token / min(kernel.nvlink_GBps * 1e9 * sms / kernel.sms, span.intra_busbw_Bps)
-    return (n - 1) * span.latency_s + max(wire, forward)
+    latency = (span.nodes - 1) * span.latency_s + (m - 1) * span.intra_latency_s
+    return latency + max(wire, forward)
 
 
 def p2p_time(size: float, span: GroupSpan) -> float:

@@ -118,13 +118,14 @@ def layer_comm(ctx: StepContext, cost: PassCost, moe: bool, paired: bool = False
         span = ctx.span("ep")
         forwarding = ctx.stack.ep_dispatch == "node-forwarding" and span.nodes > 1 and not ctx.options.free_comm
         kernel = ctx.cluster.compute.ep_dispatch
+        groups = (m.expert_groups, m.group_top_k) if m.expert_groups and m.group_top_k else None
         held = 0.0  # share of the SMs the dispatcher's kernels hold while they run
         if forwarding and kernel is not None:  # the dispatcher's own kernels, at their measured rates
             sms = ctx.stack.ep_dispatch_sms or kernel.sms
-            a2a = sum(node_forwarded_time(moved * width, span, m.top_k, kernel, sms) for width in ctx.ep_bytes)
+            a2a = sum(node_forwarded_time(moved * width, span, m.top_k, kernel, sms, groups) for width in ctx.ep_bytes)
             held = sms / (ctx.cluster.accelerator.sm_count or sms)
         elif forwarding:
-            share = node_forwarded_share(m.top_k, span.nodes)
+            share = node_forwarded_share(m.top_k, span.nodes, groups)
             a2a = sum(all_to_all_time(moved * width, span, share) for width in ctx.ep_bytes)
         else:
             a2a = sum(ctx.time("all_to_all", moved * width, span) for width in ctx.ep_bytes)
