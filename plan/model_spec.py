@@ -68,7 +68,9 @@ class ModelSpec(UserSection):
     Unset: any expert."""
     group_top_k: PositiveInt | None = None
     """Groups a token's experts are drawn from (moe_router_group_topk; DeepSeek-V3's topk_group 4, "at most M = 4"
-    nodes); with `expert_groups`."""
+    nodes); with `expert_groups`. Each group is scored by the sum of its top_k // group_top_k best router scores, as
+    the executor's router computes them (probabilities; Megatron-Core ranks a softmax router's groups on its raw
+    logits unless moe_router_pre_softmax, the same for a sigmoid router)."""
     router: Literal["softmax", "sigmoid"] = "softmax"
     """How an MoE router scores experts: a softmax over them (Switch, Mixtral) or a sigmoid each (DeepSeek-V3); the
     top-k scores are renormalised to sum to one as the token's gates."""
@@ -111,6 +113,15 @@ class ModelSpec(UserSection):
                     raise ValueError(f"expert_groups: {self.expert_groups} does not divide experts={self.experts}")
                 if self.group_top_k > self.expert_groups:
                     raise ValueError(f"group_top_k: {self.group_top_k} is more than expert_groups={self.expert_groups}")
+                per_group = self.experts // self.expert_groups
+                if self.group_top_k * per_group < self.top_k:
+                    least = -(-self.top_k // per_group)
+                    raise ValueError(f"group_top_k: {self.group_top_k} groups of {per_group} experts hold fewer "
+                                     f"than top_k={self.top_k}; keep at least {least} groups")  # fmt: skip
+                if self.top_k // self.group_top_k > per_group:
+                    best = self.top_k // self.group_top_k
+                    raise ValueError(f"group_top_k: each group is scored by its best top_k // group_top_k = "
+                                     f"{best} experts, more than its {per_group}")  # fmt: skip
         elif self.top_k or self.shared_experts or self.expert_groups:
             raise ValueError("experts: 0 (dense) but top_k, shared_experts or expert_groups is set; set experts or "
                              "drop them")  # fmt: skip

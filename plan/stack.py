@@ -155,7 +155,8 @@ class Stack(UserSection):
     """SMs a node-forwarding dispatcher's kernels run on (Megatron-Core's moe_flex_dispatcher_num_sms, formerly
     moe_deepep_num_sms / moe_hybridep_num_sms): its NVLink stage moves tokens at the accelerator's measured rate
     (ComputeEfficiency.ep_dispatch) scaled by these over the SMs it was measured on, up to NCCL's NVLink bandwidth,
-    and while it runs under overlapped compute it holds them. Unset: the measurement's own."""
+    and while it runs under overlapped compute it holds them. Unset: the measurement's own. On an accelerator
+    without measured dispatcher rates it is not read: the forwarding moves at NCCL's bandwidths and holds no SMs."""
     grouped_gemm_streams: NonNegativeInt = 0
     """How a rank's local experts run their GEMMs: 0, one batched kernel for all of them (a grouped GEMM); n, one
     cuBLAS call per expert, issued round-robin on n streams (Transformer Engine's GroupedLinear, whose

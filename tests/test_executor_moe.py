@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ import torch
 from executor.model import build_stage_model
 from executor.moe import MoE
 from plan import loader
+from plan.errors import PlanError
 from plan.records import LayerStatsRecord, expert_imbalance
 from twin import api
 
@@ -40,22 +42,24 @@ def test_routing_does_not_depend_on_how_the_batch_is_split(capacity: float | Non
 
 
 def test_group_limited_routing_draws_a_tokens_experts_from_its_best_groups() -> None:
-    """model.expert_groups 4 and group_top_k 1 over cpu-tiny-moe's 8 experts (top-2): each group scored by the sum of
-    its best top_k / group_top_k = 2 scores, a token's two experts both come from its best group, and its gates stay
-    its own scores there, renormalised; without the limit some tokens' two experts sit in two groups."""
+    """model.expert_groups 2 and group_top_k 1 over cpu-tiny-moe's 8 experts (top-2): each group of 4 is scored by
+    the sum of its best top_k / group_top_k = 2 scores (not its whole sum, nor its best one), a token's two experts
+    both come from its best group, and its gates stay its own scores there; without the limit many tokens' two
+    experts sit in both groups."""
     x = _hidden()
     free, _ = _moe()
-    limited, _ = _moe("model.expert_groups=4", "model.group_top_k=1")
-    tokens = x.reshape(-1, 64)
-    scores = free.router(tokens).float().softmax(-1)
-    _, unlimited = scores.topk(2, dim=-1)
-    assert bool((unlimited // 2)[:, 0].ne((unlimited // 2)[:, 1]).any())
-    best_group = scores.view(-1, 4, 2).sum(-1).argmax(-1)  # both of a group's 2 scores
-    _, chosen = limited._limited(scores).topk(2, dim=-1)
-    assert torch.equal(chosen // 2, best_group[:, None].expand(-1, 2))
+    limited, _ = _moe("model.expert_groups=2", "model.group_top_k=1")
     assert torch.equal(free.router.weight, limited.router.weight)  # seeded alike: only the routing differs
-    out_free, out_limited = free(x), limited(x)
-    assert not torch.allclose(out_free, out_limited)
+    scores = free.router(x.reshape(-1, 64)).float().softmax(-1)
+    _, unlimited = scores.topk(2, dim=-1)
+    assert bool((unlimited // 4)[:, 0].ne((unlimited // 4)[:, 1]).any())
+    grouped = scores.view(-1, 2, 4)
+    best_group = grouped.topk(2, dim=-1).values.sum(-1).argmax(-1)
+    assert bool(best_group.ne(grouped.sum(-1).argmax(-1)).any())  # the rule differs from a whole-group sum here
+    assert bool(best_group.ne(grouped.max(-1).values.argmax(-1)).any())  # and from a group's best score
+    _, chosen = limited._limited(scores).topk(2, dim=-1)
+    assert torch.equal(chosen // 4, best_group[:, None].expand(-1, 2))
+    assert not torch.allclose(free(x), limited(x))
 
 
 def test_dropless_routes_every_choice_and_a_capacity_drops_the_excess() -> None:
@@ -130,3 +134,19 @@ def test_the_twin_prices_the_imbalance_it_is_given_up_to_the_capacity() -> None:
     capped = step("model.expert_imbalance=1.5", "model.capacity_factor=1.2")
     assert balanced < capped < skewed  # a capacity drops what is over it: the busiest rank computes at most 1.2x
     assert capped == pytest.approx(step("model.expert_imbalance=1.2"))
+
+
+@pytest.mark.parametrize(
+    ("overrides", "names"),
+    [
+        (["model.expert_groups=4"], "set both or neither"),
+        (["model.expert_groups=3", "model.group_top_k=1"], "does not divide experts=8"),
+        (["model.expert_groups=8", "model.group_top_k=1"], "hold fewer than top_k=2; keep at least 2 groups"),
+        (["model.expert_groups=8", "model.group_top_k=9"], "more than expert_groups=8"),
+    ],
+)
+def test_a_group_limit_the_experts_cannot_meet_is_refused_with_its_fix(overrides: list[str], names: str) -> None:
+    """Group-limited routing that could not pick top_k experts, or names a group count that does not split them,
+    is a plan error naming the field and what would work, before anything runs."""
+    with pytest.raises(PlanError, match=re.escape(names)):
+        loader.load("cpu-tiny-moe", overrides)

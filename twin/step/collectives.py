@@ -146,42 +146,68 @@ Groups = tuple[int, int] | None
 """Group-limited routing, (expert groups, groups a token draws from), or None (ModelSpec.expert_groups)."""
 
 
-def node_forwarded_share(top_k: int, nodes: int, groups: Groups = None) -> float:
+def node_forwarded_share(top_k: int, nodes: int, experts: int | None = None, groups: Groups = None) -> float:
     """Share of an MoE dispatch buffer (top_k copies of each token) that crosses nodes when a token goes once to
     each remote node holding any of its experts and is fanned out over NVLink there (DeepEP's normal kernels,
-    Megatron-Core's HybridEP; DeepSeek-V3 §3.2.2): with experts spread evenly over `nodes` and picked
-    independently, a token reaches (nodes - 1)·(1 - (1 - 1/nodes)^top_k) remote nodes (fewer under group-limited
-    routing: routed_reach), against top_k·(nodes - 1)/nodes copies sent one by one."""
+    Megatron-Core's HybridEP; DeepSeek-V3 §3.2.2): the remote nodes a token reaches (routed_reach, its own node
+    reached with the same chance as any other) against top_k·(nodes - 1)/nodes copies sent one by one."""
     if nodes <= 1 or top_k <= 0:
         return 0.0
-    return routed_reach(nodes, nodes, top_k, groups)[1] * (1 - 1 / nodes) / top_k
+    return routed_reach(nodes, nodes, top_k, experts, groups)[1] * (1 - 1 / nodes) / top_k
 
 
-def routed_reach(ranks: int, nodes: int, top_k: int, groups: Groups = None) -> tuple[float, float]:
+def _distinct(units: float, experts: int | None, picks: float) -> float:
+    """Expected units of `units` holding any of `picks` distinct experts drawn evenly from `experts` spread evenly
+    over them: units·(1 - C(E - E/units, k) / C(E, k)), or with independent picks units·(1 - (1 - 1/units)^k) where
+    the expert count is not given or does not split evenly; a fractional count of picks interpolates."""
+    if units <= 1:
+        return 1.0
+    low = math.floor(picks)
+
+    def missed(k: int) -> float:  # the chance a unit holds none of k picks
+        per = experts / units if experts else 0.0
+        if experts and per.is_integer() and k <= experts:
+            return math.comb(experts - int(per), k) / math.comb(experts, k)
+        return (1 - 1 / units) ** k
+
+    weight = picks - low
+    return units * (1 - ((1 - weight) * missed(low) + (weight * missed(low + 1) if weight else 0.0)))
+
+
+def routed_reach(
+    ranks: int, nodes: int, top_k: int, experts: int | None = None, groups: Groups = None
+) -> tuple[float, float]:
     """Expected (ranks, nodes) holding any of one token's top_k experts, its own among them, with the experts spread
-    evenly and in order over `ranks` on `nodes` and each pick independent: s·(1 - (1 - 1/s)^top_k) over the s units
-    the token can reach. Group-limited routing (G groups in order, picks from g of them) leaves s the units those g
-    groups cover: g·units/G where a group spans whole units, else the units holding any of them,
-    units·(1 - C(G - G/units, g) / C(G, g))."""
+    evenly and in order over `ranks` on `nodes` and picked evenly (_distinct). Group-limited routing (G groups in
+    order, a token's experts from its best g < G) keeps the picks inside the g groups, and as a group is chosen for
+    its best scores each chosen group holds at least one: 1 + Binomial(top_k - g, 1/g) of them. Where a group spans
+    whole units that is g groups' worth over units/G each; else the units holding any chosen group,
+    units·(1 - C(G - G/units, g) / C(G, g)). A seeded simulation of Megatron-Core's group_limited_topk agrees within
+    1.5% (tests/test_grouped_gemm.py)."""
 
-    def spread(slots: float) -> float:
-        return slots * (1 - (1 - 1 / slots) ** top_k) if slots > 1 else 1.0
-
-    def covered(units: int) -> float:
-        if groups is None:
-            return units
+    def reach(units: int) -> float:
+        if groups is None or groups[1] >= groups[0]:
+            return _distinct(units, experts, top_k)
         total, chosen = groups
-        if total <= units:
-            return chosen * units / total
-        per = total // units
-        return units * (1 - math.comb(total - per, chosen) / math.comb(total, chosen))
+        if total > units:
+            per = total // units
+            return units * (1 - math.comb(total - per, chosen) / math.comb(total, chosen))
+        span, held = units / total, (experts // total if experts else None)
+        if top_k <= chosen:
+            return top_k * _distinct(span, held, 1)
+        rest = top_k - chosen
+        return chosen * sum(
+            math.comb(rest, j) * (1 / chosen) ** j * (1 - 1 / chosen) ** (rest - j) * _distinct(span, held, 1 + j)
+            for j in range(rest + 1)
+        )
 
-    return spread(covered(ranks)), spread(covered(nodes))
+    return reach(ranks), reach(nodes)
 
 
 def node_forwarded_time(
-    size: float, span: GroupSpan, top_k: int, kernel: DispatchKernel, sms: int, groups: Groups = None
-) -> float:
+    size: float, span: GroupSpan, top_k: int, kernel: DispatchKernel, sms: int, experts: int | None = None,
+    groups: Groups = None,
+) -> float:  # fmt: skip
     """A node-forwarding dispatch or combine of `size` bytes (top_k copies of each token) at its kernels' measured
     rates (plan.accelerator.DispatchKernel): each token crosses once to each remote node holding any of its experts
     (routed_reach), at the RDMA stage's share of the NIC, while the NVLink stage hands one copy to each rank holding
@@ -190,7 +216,7 @@ def node_forwarded_time(
     each pays a message latency per peer it talks to: the other nodes' ranks on its rail, the node's other ranks."""
     n, m = span.size, span.per_node
     token = size / top_k
-    ranks, nodes = routed_reach(n, span.nodes, top_k, groups)
+    ranks, nodes = routed_reach(n, span.nodes, top_k, experts, groups)
     wire = nodes * (1 - 1 / span.nodes) * token / (kernel.nic_fraction * span.inter_busbw_Bps / m)
     forward = ranks * token / min(kernel.nvlink_GBps * 1e9 * sms / kernel.sms, span.intra_busbw_Bps)
     latency = (span.nodes - 1) * span.latency_s + (m - 1) * span.intra_latency_s

@@ -122,16 +122,20 @@ def layer_comm(ctx: StepContext, cost: PassCost, moe: bool, paired: bool = False
         held = 0.0  # share of the SMs the dispatcher's kernels hold while they run
         if forwarding and kernel is not None:  # the dispatcher's own kernels, at their measured rates
             sms = ctx.stack.ep_dispatch_sms or kernel.sms
-            a2a = sum(node_forwarded_time(moved * width, span, m.top_k, kernel, sms, groups) for width in ctx.ep_bytes)
+            a2a = sum(
+                node_forwarded_time(moved * width, span, m.top_k, kernel, sms, m.experts, groups)
+                for width in ctx.ep_bytes
+            )
             held = sms / (ctx.cluster.accelerator.sm_count or sms)
         elif forwarding:
-            share = node_forwarded_share(m.top_k, span.nodes, groups)
+            share = node_forwarded_share(m.top_k, span.nodes, m.experts, groups)
             a2a = sum(all_to_all_time(moved * width, span, share) for width in ctx.ep_bytes)
         else:
             a2a = sum(ctx.time("all_to_all", moved * width, span) for width in ctx.ep_bytes)
-        if paired:  # the paired microbatch's compute hides it, slowed by the SMs the dispatcher holds meanwhile
+        if paired:  # the paired microbatch's compute hides it, slowed by the SMs the dispatcher holds meanwhile:
+            # compute at 1 - held of its rate outlasts the all-to-all by a2a·held, or the all-to-all outlasts it
             out["ep"] = tuple(  # type: ignore[assignment]
-                a2a - min(a2a, compute) * (1 - held) for compute in (cost.forward_s, cost.backward_input_s)
+                max(a2a - compute, a2a * held) for compute in (cost.forward_s, cost.backward_input_s)
             )
         else:
             out["ep"] = (a2a, a2a)
