@@ -275,7 +275,7 @@ def controlled_rows() -> list[Row]:
         plan = controlled_plan(r)
         step = predict(plan).step_time_s
         what = f"qwen3-30b-a3b bf16, 16 H100, TP1 PP1 EP16, {r.what}: tokens/s per GPU"
-        tokens = MBRIDGE_MOE_SEQ * plan.training.global_batch / 16
+        tokens = MBRIDGE_MOE_SEQ * plan.training.global_batch / plan.layout.world_size
         out.append(_tokens_per_gpu_row(what, tokens, r.step_s, step, CONTROLLED_SOURCE, plan=plan))
     return out
 

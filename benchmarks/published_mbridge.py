@@ -117,7 +117,11 @@ def mbridge_plan(row: MbridgeRow) -> Plan:
     )
 
 
+def release_at_least(release: str, since: str) -> bool:
+    """Whether NeMo container `release` (e.g. "26.04.01") is `since` or later."""
+    return tuple(int(x) for x in release.split(".")) >= tuple(int(x) for x in since.split("."))
+
+
 def release_overrides(release: str) -> dict[str, bool]:
     """What a release sets beyond the stack: gradient-accumulation fusion from 26.04 on."""
-    newer = tuple(int(x) for x in release.split(".")) >= tuple(int(x) for x in WGRAD_FUSION_FROM.split("."))
-    return {"wgrad_accumulation_fusion": True} if newer else {}
+    return {"wgrad_accumulation_fusion": True} if release_at_least(release, WGRAD_FUSION_FROM) else {}

@@ -44,7 +44,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from benchmarks.published import _cluster, _layout
-from benchmarks.published_mbridge import release_overrides
+from benchmarks.published_mbridge import release_at_least, release_overrides
 from plan import loader
 from plan.schema import Plan
 from twin import api
@@ -142,8 +142,8 @@ FLEX_DISPATCH = {"qwen3-30b-a3b"}
 node-forwarding; qwen3_llm_pretrain.py qwen3_30b_a3b_pretrain_config_h100); 235B and gpt-oss run "alltoall"."""
 
 
-HYBRIDEP_FROM = "26.04"
-"""The release from which the flex configs run HybridEP, on 32 SMs: Megatron-Bridge v0.4.0 scripts/performance/
+HYBRIDEP_FROM, HYBRIDEP_SMS = "26.04", 32
+"""The release from which the flex configs run HybridEP, and its SMs: Megatron-Bridge v0.4.0 scripts/performance/
 utils/overrides.py sets moe_hybridep_num_sms = 32 (`Stack.ep_dispatch_sms`); 26.02's DeepEP runs inside one node."""
 
 
@@ -157,8 +157,8 @@ def mbridge_moe_plan(row: MoeRow, dispatch: str | None = None, extra: dict[str, 
                      edge_stage_trim=EDGE_TRIM[row.model], **folded)  # fmt: skip
     dispatch = dispatch or ("node-forwarding" if row.model in FLEX_DISPATCH else "all-to-all")
     overrides: dict[str, object] = {"tp_overlap": "backward", "ep_overlap": row.a2a_overlap, "ep_dispatch": dispatch}
-    if dispatch == "node-forwarding" and _release(row.release) >= _release(HYBRIDEP_FROM):
-        overrides["ep_dispatch_sms"] = 32
+    if dispatch == "node-forwarding" and release_at_least(row.release, HYBRIDEP_FROM):
+        overrides["ep_dispatch_sms"] = HYBRIDEP_SMS
     overrides |= release_overrides(row.release) | (GPT_OSS_OVERRIDES if row.model == "gpt-oss-120b" else {})
     return api.load_plan(
         {
@@ -170,10 +170,6 @@ def mbridge_moe_plan(row: MoeRow, dispatch: str | None = None, extra: dict[str, 
             "training": {"global_batch": row.batch, "tokens": 1e12, "dtype": row.dtype},
         }
     )
-
-
-def _release(release: str) -> tuple[int, ...]:
-    return tuple(int(x) for x in release.split("."))
 
 
 # --- Qwen3 30B-A3B on 16 H100, bf16: Megatron-Bridge's controlled dispatcher and overlap comparisons ----------------

@@ -129,7 +129,7 @@ class MoE(nn.Module):
         assert spec.moe_ffn_hidden is not None
         self.n_experts, self.top_k = spec.experts, spec.top_k
         self.score, self.capacity_factor, self.aux_coef = spec.router, spec.capacity_factor, spec.aux_loss_coef
-        self.groups = (spec.expert_groups, spec.group_top_k) if spec.expert_groups and spec.group_top_k else None
+        self.groups = spec.routing_groups
         self.router = nn.Linear(spec.hidden, spec.experts, bias=False)
         width, glu = spec.moe_ffn_hidden, spec.glu  # experts gate as the dense MLP does (the twin prices them so)
         self.experts = nn.ModuleDict({str(e): FeedForward(spec.hidden, width, glu) for e in expert_ids})
@@ -154,7 +154,7 @@ class MoE(nn.Module):
         tokens = x.reshape(-1, hidden)
         logits = self.router(tokens).float()
         scores = logits.softmax(-1) if self.score == "softmax" else logits.sigmoid()
-        top, chosen = self._limited(scores).topk(self.top_k, dim=-1)  # [tokens, k]
+        chosen = self._limited(scores).topk(self.top_k, dim=-1).indices  # [tokens, k]
         top = scores.gather(-1, chosen)
         gates = top / top.sum(-1, keepdim=True)
         keep = self._within_capacity(chosen, batch, seq).reshape(-1)  # per choice, token-major then slot

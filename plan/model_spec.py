@@ -135,6 +135,13 @@ class ModelSpec(UserSection):
         return self
 
     @property
+    def routing_groups(self) -> tuple[int, int] | None:
+        """Group-limited routing as (expert_groups, group_top_k), or None where any expert may be picked."""
+        if self.expert_groups is None or self.group_top_k is None:
+            return None
+        return self.expert_groups, self.group_top_k
+
+    @property
     def n_kv_heads(self) -> int:
         """Key/value heads after defaulting (count)."""
         return self.kv_heads or self.heads

@@ -156,22 +156,16 @@ def node_forwarded_share(top_k: int, nodes: int, experts: int | None = None, gro
     return routed_reach(nodes, nodes, top_k, experts, groups)[1] * (1 - 1 / nodes) / top_k
 
 
-def _distinct(units: float, experts: int | None, picks: float) -> float:
+def _distinct(units: float, experts: int | None, picks: int) -> float:
     """Expected units of `units` holding any of `picks` distinct experts drawn evenly from `experts` spread evenly
     over them: units·(1 - C(E - E/units, k) / C(E, k)), or with independent picks units·(1 - (1 - 1/units)^k) where
-    the expert count is not given or does not split evenly; a fractional count of picks interpolates."""
+    the expert count is not given or does not split evenly."""
     if units <= 1:
         return 1.0
-    low = math.floor(picks)
-
-    def missed(k: int) -> float:  # the chance a unit holds none of k picks
-        per = experts / units if experts else 0.0
-        if experts and per.is_integer() and k <= experts:
-            return math.comb(experts - int(per), k) / math.comb(experts, k)
-        return (1 - 1 / units) ** k
-
-    weight = picks - low
-    return units * (1 - ((1 - weight) * missed(low) + (weight * missed(low + 1) if weight else 0.0)))
+    per = experts / units if experts else 0.0
+    if experts and per.is_integer() and picks <= experts:
+        return units * (1 - math.comb(experts - int(per), picks) / math.comb(experts, picks))
+    return units * (1 - (1 - 1 / units) ** picks)
 
 
 def routed_reach(

@@ -95,10 +95,12 @@ def dispatches_shards(ctx: StepContext) -> bool:
     return routing_shard(shape) > 1 and mlp_tp(shape, moe=True) == shape.tp
 
 
-def _contention(ctx: StepContext, overlap_s: float) -> float:
-    """GEMM time lost to the SMs overlapped collectives occupy, for `overlap_s` seconds of overlap."""
+def _contention(ctx: StepContext, overlap_s: float, held: float | None = None) -> float:
+    """GEMM time lost to the SMs overlapped collectives occupy, for `overlap_s` seconds of overlap: `held` of them
+    (Transformer Engine's tensor-parallel overlap, Stack.tp_overlap_sms, unless given)."""
     sms = ctx.cluster.accelerator.sm_count
-    return overlap_s * ctx.stack.tp_overlap_sms / sms if sms and overlap_s > 0 else 0.0
+    taken = ctx.stack.tp_overlap_sms if held is None else held
+    return overlap_s * taken / sms if sms and overlap_s > 0 else 0.0
 
 
 def layer_comm(ctx: StepContext, cost: PassCost, moe: bool, paired: bool = False) -> dict[str, tuple[float, float]]:
@@ -118,25 +120,23 @@ def layer_comm(ctx: StepContext, cost: PassCost, moe: bool, paired: bool = False
         span = ctx.span("ep")
         forwarding = ctx.stack.ep_dispatch == "node-forwarding" and span.nodes > 1 and not ctx.options.free_comm
         kernel = ctx.cluster.compute.ep_dispatch
-        groups = (m.expert_groups, m.group_top_k) if m.expert_groups and m.group_top_k else None
-        held = 0.0  # share of the SMs the dispatcher's kernels hold while they run
+        groups = m.routing_groups
+        sms = 0  # SMs the dispatcher's own kernels hold while they run
         if forwarding and kernel is not None:  # the dispatcher's own kernels, at their measured rates
             sms = ctx.stack.ep_dispatch_sms or kernel.sms
             a2a = sum(
                 node_forwarded_time(moved * width, span, m.top_k, kernel, sms, m.experts, groups)
                 for width in ctx.ep_bytes
             )
-            held = sms / (ctx.cluster.accelerator.sm_count or sms)
         elif forwarding:
             share = node_forwarded_share(m.top_k, span.nodes, m.experts, groups)
             a2a = sum(all_to_all_time(moved * width, span, share) for width in ctx.ep_bytes)
         else:
             a2a = sum(ctx.time("all_to_all", moved * width, span) for width in ctx.ep_bytes)
         if paired:  # the paired microbatch's compute hides it, slowed by the SMs the dispatcher holds meanwhile:
-            # compute at 1 - held of its rate outlasts the all-to-all by a2a·held, or the all-to-all outlasts it
-            out["ep"] = tuple(  # type: ignore[assignment]
-                max(a2a - compute, a2a * held) for compute in (cost.forward_s, cost.backward_input_s)
-            )
+            # the compute outlasts the all-to-all by what those SMs cost it, or the all-to-all outlasts the compute
+            held = _contention(ctx, a2a, sms)
+            out["ep"] = (max(a2a - cost.forward_s, held), max(a2a - cost.backward_input_s, held))
         else:
             out["ep"] = (a2a, a2a)
     return out
