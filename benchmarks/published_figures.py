@@ -3,13 +3,13 @@
 Tables (benchmarks/published.py, published_nemotron.py, published_nemo2407.py, published_mbridge.py,
 published_mbridge_moe.py, published_deepseek.py, published_mpt.py): nccl-tests bus bandwidth on one node; Narayanan et
 al. 2021 Table 1 (A100, TFLOP/s by the paper's formula); Megatron-Core r0.8.0's H100 table (TFLOP/s by Megatron-Core's
-formula); the Megatron-LM A100 README table (MFU); Llama 3 405B Table 4 (MFU); NVIDIA's DGX Cloud recipes (step time,
-as throughput: Llama 3.1 and GPT-3, Grok-1, Nemotron-4, DeepSeek-V3); NeMo's H100 fp8 performance summary, 24.07 and
-its Llama 2 7B rows from 4k to 1M tokens, and Megatron-Bridge's Llama 3 and Qwen3 MoE rows from 25.11 to 26.06 under
-fp8 current scaling (tokens/s per GPU); MosaicML's MPT on A100 under FSDP (tokens/s per GPU). Each row says its kind:
-`validation` (the twin was not built from that figure), `consistency` (a catalogue number was derived from the same
-published figure, so agreement only shows the arithmetic is consistent) or `fit` (the row is in the table an
-accelerator's one fitted constant was fitted on). Prints a table per source with mean and worst absolute error (and,
+formula); the Megatron-LM A100 README table (MFU); Llama 3 405B Table 4 (MFU); NVIDIA's DGX Cloud recipes (step time, as
+throughput: Llama 3.1 and GPT-3, Grok-1, Nemotron-4, DeepSeek-V3); NeMo's H100 fp8 performance summary, 24.07 and its
+Llama 2 7B rows from 4k to 1M tokens, and Megatron-Bridge's Llama 3 and Qwen3 MoE rows from 25.11 to 26.06 under fp8
+current scaling (tokens/s per GPU); MosaicML's MPT on A100 and H100 (bf16 and fp8) under FSDP (tokens/s per GPU). Each
+row says its kind: `validation` (the twin was not built from that figure), `consistency` (a catalogue number was derived
+from the same published figure, so agreement only shows the arithmetic is consistent) or `fit` (the row is in the table
+an accelerator's one fitted constant was fitted on). Prints a table per source with mean and worst absolute error (and,
 beside a fit, the rows left out of it) and writes benchmarks/results/published_figures.json.
 Run: `python benchmarks/published_figures.py`.
 """
@@ -62,7 +62,17 @@ from benchmarks.published_mbridge_moe import (
 )
 from benchmarks.published_mbridge_moe import SEQ as MBRIDGE_MOE_SEQ
 from benchmarks.published_mbridge_moe import SOURCE as MBRIDGE_MOE_SOURCE
-from benchmarks.published_mpt import MPT_A100, MPT_A100_40GB, SOURCE_40GB, MptRow, mpt_plan, mpt_tokens_per_gpu
+from benchmarks.published_mpt import (
+    MPT_A100,
+    MPT_A100_40GB,
+    MPT_H100,
+    MPT_H100_FP8,
+    SOURCE_40GB,
+    SOURCE_H100,
+    MptRow,
+    mpt_plan,
+    mpt_tokens_per_gpu,
+)
 from benchmarks.published_mpt import SOURCE as MPT_SOURCE
 from benchmarks.published_nemo2407 import LONG_SOURCE as NEMO_LONG_SOURCE
 from benchmarks.published_nemo2407 import NEMO_2407_H100, NEMO_LONG_H100, NemoRow, nemo_plan, release_gains
@@ -281,20 +291,31 @@ def controlled_rows() -> list[Row]:
 
 
 def mpt_rows(rows: tuple[MptRow, ...] = MPT_A100, source: str = MPT_SOURCE) -> list[Row]:
-    """MosaicML's MPT tokens per second per GPU on A100 under FSDP (benchmarks/published_mpt.py; no fit uses them)."""
+    """MosaicML's MPT tokens per second per GPU under FSDP (benchmarks/published_mpt.py; no fit uses them)."""
     out = []
     for r in rows:
         plan = mpt_plan(r)
         step = predict(plan).step_time_s
         ckpt = ", checkpointed" if r.checkpointing else ""
-        part = "A100 40GB" if r.accelerator == "a100-sxm4-40gb" else "A100"
+        part = PARTS[r.accelerator] + (" fp8" if r.dtype == "fp8" else "")
         what = f"MPT-{r.model} seq {r.seq:,}, {r.gpus} {part}, micro-batch {r.microbatch}{ckpt}: tokens/s per GPU"
         out.append(_row(what, r.tokens_per_gpu, mpt_tokens_per_gpu(r, step), source, plan=plan))
     return out
 
 
+PARTS = {"a100-sxm4-80gb": "A100", "a100-sxm4-40gb": "A100 40GB", "h100-sxm5-80gb": "H100"}
+
+
 def mpt_40gb_rows() -> list[Row]:
     return mpt_rows(MPT_A100_40GB, SOURCE_40GB)
+
+
+def mpt_h100_rows() -> list[Row]:
+    return mpt_rows(MPT_H100, SOURCE_H100)
+
+
+def mpt_h100_fp8_rows() -> list[Row]:
+    return mpt_rows(MPT_H100_FP8, SOURCE_H100)
 
 
 def _tokens_per_gpu_row(
@@ -361,6 +382,8 @@ TABLES: dict[str, Callable[[], list[Row]]] = {
     "mbridge-qwen3-30b-controlled": controlled_rows,
     "mpt-a100": mpt_rows,
     "mpt-a100-40gb": mpt_40gb_rows,
+    "mpt-h100": mpt_h100_rows,
+    "mpt-h100-fp8": mpt_h100_fp8_rows,
 }
 
 

@@ -70,6 +70,8 @@ class MptRow:
     accelerator: str = "a100-sxm4-80gb"
     grad_reduce_dtype: str = "fp32"
     """Composer's DEFAULT reduces gradients in fp32 (0.16); PURE, which the April 2023 runs used, in bf16."""
+    dtype: str = "bf16"
+    """The table's precision: amp_bf16, or amp_fp8 (Transformer Engine's fp8 Linears, fc_type te)."""
 
     @property
     def batch(self) -> int:
@@ -84,6 +86,17 @@ def _rows_40gb(model: str, *rows: tuple[int, int, int, int, bool, float]) -> tup
     return tuple(
         MptRow(model, seq, mb, ga, ckpt, tps, gpus, "a100-sxm4-40gb", "bf16") for seq, gpus, mb, ga, ckpt, tps in rows
     )
+
+
+def _rows_h100(model: str, *rows: tuple[int, int, int, int, bool, float], dtype: str = "bf16") -> tuple[MptRow, ...]:
+    return tuple(
+        MptRow(model, seq, mb, ga, ckpt, tps, gpus, "h100-sxm5-80gb", dtype=dtype)
+        for seq, gpus, mb, ga, ckpt, tps in rows
+    )
+
+
+def _rows_h100_fp8(model: str, *rows: tuple[int, int, int, int, bool, float]) -> tuple[MptRow, ...]:
+    return _rows_h100(model, *rows, dtype="fp8")
 
 
 # (sequence, micro-batch, accumulation, activation checkpointing, tokens/s/GPU), as the table prints them
@@ -149,6 +162,49 @@ MPT_A100_40GB = (
 )  # fmt: skip
 
 
+SOURCE_H100 = "mosaicml/llm-foundry b2a43a1, scripts/train/benchmarking/README.md (H100 80GB BF16 and FP8 tables)"
+
+# The October 2023 "H100 80GB BF16" and "H100 80GB FP8" tables (b2a43a1, the same commit and stack as MPT_A100;
+# scripts/train/benchmarking/sweep.sh submits them on mosaicml/pytorch:2.1.0_cu121, attn_impl triton by default,
+# and under amp_fp8 Transformer Engine v0.10's Linears, fc_type te): (sequence, GPUs, micro-batch, accumulation,
+# checkpointing, tokens/s/GPU)
+MPT_H100 = (
+    _rows_h100("70b", (2048, 64, 8, 4, True, 1039), (2048, 32, 2, 16, True, 882))
+    + _rows_h100("30b", (8192, 8, 1, 21, True, 1384), (4096, 8, 1, 21, True, 1802), (2048, 32, 14, 3, True, 2308),
+                        (2048, 16, 10, 3, True, 2263), (2048, 8, 3, 21, True, 2002), (1024, 8, 6, 21, True, 2084))
+    + _rows_h100("13b", (32768, 8, 1, 3, True, 1976), (16384, 8, 3, 3, True, 2985), (4096, 8, 10, 3, True, 4717),
+                        (2048, 64, 2, 1, False, 4800), (2048, 32, 2, 1, False, 4811), (2048, 16, 2, 1, False, 4767),
+                        (2048, 8, 2, 1, False, 4792), (1024, 8, 40, 3, True, 5502))
+    + _rows_h100("7b", (65536, 8, 1, 2, True, 1956), (32768, 8, 2, 2, True, 3318), (8192, 8, 8, 2, True, 6935),
+                       (4096, 8, 16, 2, True, 8611), (2048, 8, 6, 1, False, 10643), (1024, 8, 64, 2, True, 10203))
+    + _rows_h100("3b", (65536, 8, 1, 2, True, 3262), (32768, 8, 3, 6, True, 5873), (16384, 8, 1, 6, False, 11152),
+                       (8192, 8, 3, 6, False, 16578), (4096, 8, 5, 6, False, 20964), (2048, 64, 6, 3, False, 22525),
+                       (2048, 32, 6, 3, False, 23021), (2048, 16, 10, 3, False, 24142), (1024, 8, 20, 6, False, 27046),
+                       (512, 8, 40, 6, False, 27965))
+    + _rows_h100("1b", (65536, 8, 1, 2, True, 5506), (32768, 8, 1, 4, False, 12025), (16384, 8, 2, 4, False, 19649),
+                       (8192, 8, 3, 4, False, 29157), (4096, 8, 7, 4, False, 38535), (2048, 64, 20, 1, False, 44402),
+                       (2048, 32, 20, 1, False, 45130), (2048, 16, 20, 1, False, 46037), (2048, 8, 14, 1, False, 45455),
+                       (1024, 8, 18, 4, False, 48910), (512, 8, 56, 4, False, 52275))
+    + _rows_h100("760m", (32768, 8, 1, 2, False, 16291), (16384, 8, 3, 2, False, 27815), (8192, 8, 6, 2, False, 41825),
+                         (4096, 8, 12, 2, False, 55459), (2048, 32, 24, 1, False, 67971),
+                         (2048, 16, 24, 1, False, 68551), (2048, 8, 24, 2, False, 63147),
+                         (1024, 8, 48, 2, False, 78581), (512, 8, 96, 2, False, 83749))
+)  # fmt: skip
+MPT_H100_FP8 = (
+    _rows_h100_fp8("3b", (32768, 8, 3, 6, True, 5856), (8192, 8, 3, 6, False, 19146), (2048, 8, 10, 6, False, 30586),
+                         (512, 8, 40, 6, False, 36527))
+    + _rows_h100_fp8("1b", (32768, 8, 1, 4, False, 12580), (8192, 8, 2, 4, False, 32010), (512, 8, 56, 4, False, 70315))
+)  # fmt: skip
+
+
+CLUSTERS = {
+    "a100-sxm4-80gb": "dgx-a100-superpod",
+    "a100-sxm4-40gb": "dgx-a100-superpod",
+    "h100-sxm5-80gb": "dgx-h100-superpod",
+}
+"""The DGX nodes of eight each row's accelerator sits in (neither table states its fabric beyond the A100's RoCE)."""
+
+
 def mpt_plan(row: MptRow) -> Plan:
     """The row on DGX A100 nodes of eight GPUs (the 40GB part where the row ran on it): FSDP FULL_SHARD over every
     GPU (ZeRO-3), no tensor or pipeline parallelism, full recompute where the row checkpoints activations."""
@@ -159,7 +215,7 @@ def mpt_plan(row: MptRow) -> Plan:
             "name": f"mpt-{row.model}-{row.seq}",
             "model": _gpt(layers, d, heads, MPT_VOCAB, row.seq, tied=True),
             "cluster": {
-                "name": "dgx-a100-superpod",
+                "name": CLUSTERS[row.accelerator],
                 "overrides": {"nodes": -(-row.gpus // 8), "accelerator": row.accelerator},
             },
             "stack": "llm-foundry-0.3",
@@ -167,7 +223,7 @@ def mpt_plan(row: MptRow) -> Plan:
             "training": {
                 "global_batch": row.batch,
                 "tokens": 1e11,
-                "dtype": "bf16",
+                "dtype": row.dtype,
                 "grad_reduce_dtype": row.grad_reduce_dtype,
             },
         }
