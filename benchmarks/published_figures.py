@@ -67,8 +67,10 @@ from benchmarks.published_mpt import (
     MPT_A100_40GB,
     MPT_H100,
     MPT_H100_FP8,
+    MPT_H100_LARGE,
     SOURCE_40GB,
     SOURCE_H100,
+    SOURCE_H100_LARGE,
     MptRow,
     mpt_plan,
     mpt_tokens_per_gpu,
@@ -318,6 +320,10 @@ def mpt_h100_fp8_rows() -> list[Row]:
     return mpt_rows(MPT_H100_FP8, SOURCE_H100)
 
 
+def mpt_h100_large_rows() -> list[Row]:
+    return mpt_rows(MPT_H100_LARGE, SOURCE_H100_LARGE)
+
+
 def _tokens_per_gpu_row(
     what: str,
     tokens_per_gpu: float,
@@ -384,6 +390,7 @@ TABLES: dict[str, Callable[[], list[Row]]] = {
     "mpt-a100-40gb": mpt_40gb_rows,
     "mpt-h100": mpt_h100_rows,
     "mpt-h100-fp8": mpt_h100_fp8_rows,
+    "mpt-h100-large": mpt_h100_large_rows,
 }
 
 

@@ -57,7 +57,7 @@ MPT_VOCAB = 50368
 
 @dataclass(frozen=True)
 class MptRow:
-    """One row of a table: a model at a sequence length on some A100s."""
+    """One row of a table: a model at a sequence length on some A100s or H100s."""
 
     model: str
     seq: int
@@ -72,6 +72,10 @@ class MptRow:
     """Composer's DEFAULT reduces gradients in fp32 (0.16); PURE, which the April 2023 runs used, in bf16."""
     dtype: str = "bf16"
     """The table's precision: amp_bf16, or amp_fp8 (Transformer Engine's fp8 Linears, fc_type te)."""
+    zero: int = 3
+    """FSDP's sharding: FULL_SHARD (3) or SHARD_GRAD_OP (2)."""
+    stack: tuple[tuple[str, str], ...] = ()
+    """Where the run's settings differ from the llm-foundry-0.3 stack: (field, value) overrides."""
 
     @property
     def batch(self) -> int:
@@ -196,6 +200,37 @@ MPT_H100_FP8 = (
     + _rows_h100_fp8("1b", (32768, 8, 1, 4, False, 12580), (8192, 8, 2, 4, False, 32010), (512, 8, 56, 4, False, 70315))
 )  # fmt: skip
 
+SOURCE_H100_LARGE = (
+    "mosaicml/llm-foundry 5e85bd62d, scripts/train/benchmarking/README.md (H100 80GB BF16, Large Scale) and sweep.py"
+)
+
+JANUARY_2024 = (("fsdp_backward_prefetch", "pre"),)
+"""What the January 2024 runs set beside the stack (sweep.py: backward_prefetch BACKWARD_PRE, forward_prefetch and
+limit_all_gathers true; PURE mixed precision, so bf16 reduce-scatters, on the row)."""
+FLASH2 = (*JANUARY_2024, ("attention_kernel", "fa2"))
+"""attn_impl flash on the `.[gpu-flash2]` install: flash-attn 2's kernel (FlashAttention-2)."""
+
+
+def _rows_h100_large(model: str, zero: int, attention: tuple[tuple[str, str], ...], microbatch: int, ckpt: bool,
+                     *rows: tuple[int, float]) -> tuple[MptRow, ...]:  # fmt: skip
+    return tuple(
+        MptRow(model, 2048, microbatch, 1, ckpt, tps, gpus, "h100-sxm5-80gb", "bf16", "bf16", zero, attention)
+        for gpus, tps in rows
+    )
+
+
+# The January 2024 "H100 80GB BF16 (Large Scale, >= 128 GPUs)" table (5e85bd62d): sweep.py gives every setting —
+# 2,048 tokens, no accumulation, PURE mixed precision, BACKWARD_PRE; per model the sharding, micro-batch, checkpointing
+# and attn_impl (flash: FlashAttention-2; triton for 13B and 30B): (GPUs, tokens/s/GPU)
+MPT_H100_LARGE = (
+    _rows_h100_large("70b", 3, FLASH2, 8, True, (512, 1007), (256, 1035), (128, 1058))
+    + _rows_h100_large("30b", 3, JANUARY_2024, 8, True, (512, 2115), (256, 2148), (128, 2199))
+    + _rows_h100_large("13b", 3, JANUARY_2024, 16, True, (512, 4952), (256, 4989), (128, 5080))
+    + _rows_h100_large("7b", 3, FLASH2, 6, False, (512, 9670), (256, 10119), (128, 10475))
+    + _rows_h100_large("3b", 2, FLASH2, 8, False, (512, 21664), (256, 22772), (128, 23422))
+    + _rows_h100_large("1b", 2, FLASH2, 12, False, (512, 39837), (256, 42555), (128, 44123))
+)  # fmt: skip
+
 
 CLUSTERS = {
     "a100-sxm4-80gb": "dgx-a100-superpod",
@@ -218,8 +253,8 @@ def mpt_plan(row: MptRow) -> Plan:
                 "name": CLUSTERS[row.accelerator],
                 "overrides": {"nodes": -(-row.gpus // 8), "accelerator": row.accelerator},
             },
-            "stack": "llm-foundry-0.3",
-            "layout": _layout(1, 1, row.gpus, row.microbatch, 1, zero=3, recompute=recompute),
+            "stack": {"name": "llm-foundry-0.3", "overrides": dict(row.stack)},
+            "layout": _layout(1, 1, row.gpus, row.microbatch, 1, zero=row.zero, recompute=recompute),
             "training": {
                 "global_batch": row.batch,
                 "tokens": 1e11,

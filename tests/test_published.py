@@ -16,7 +16,7 @@ import pytest
 
 from benchmarks import fit_gemm_table
 from benchmarks.published_figures import TABLES, Row, summary
-from benchmarks.published_mpt import MPT_A100, MPT_A100_40GB, MPT_H100, MPT_H100_FP8, mpt_plan
+from benchmarks.published_mpt import MPT_A100, MPT_A100_40GB, MPT_H100, MPT_H100_FP8, MPT_H100_LARGE, mpt_plan
 from benchmarks.published_nemo2407 import release_gains
 from plan import loader
 from plan.model_math import model_flops_per_token, recompute_flops_per_token
@@ -98,6 +98,11 @@ BOUNDS = {  # table: (mean |error|, worst |error|)
     # checkpointed 7B and 13B rows, 13B without checkpointing +13% to +15% (README, Fidelity)
     "mpt-h100": (0.09, 0.23),
     "mpt-h100-fp8": (0.09, 0.18),
+    # misses the target: MPT on 128-512 H100 (January 2024, every setting in sweep.py). The checkpointed 13B, 30B and
+    # 70B rows are within 9%, but 1B, 3B and 7B without checkpointing on FlashAttention-2 are 20-35% fast, more so
+    # with more GPUs (published 8-10% down from 128 to 512, the twin 0-1%): the twin hides every FSDP gather and
+    # reduce-scatter under the blocks' compute (README, Fidelity)
+    "mpt-h100-large": (0.16, 0.36),
 }
 LLAMA3_MFU_POINTS = {8192: 0.03, 131072: 0.065}
 """Llama 3 Table 4 prints MFU to whole points; the target is 2 points and the rounding. The 8,192-GPU row misses it
@@ -187,7 +192,7 @@ def test_every_mpt_row_fits_as_it_ran() -> None:
     part and 1B and 350M on 16-64 A100 40GB, come to 89-90% of what CUDA reports (96% when 80 GB was read as 80e9
     bytes)."""
     worst = 0.0
-    for row in MPT_A100 + MPT_A100_40GB + MPT_H100 + MPT_H100_FP8:
+    for row in MPT_A100 + MPT_A100_40GB + MPT_H100 + MPT_H100_FP8 + MPT_H100_LARGE:
         memory = predict(mpt_plan(row)).memory
         assert memory.fits, (row, memory.reason)
         worst = max(worst, memory.peak / memory.capacity)
