@@ -248,6 +248,20 @@ def test_in_training_fraction_scales_the_gemms_and_not_the_attention_tables() ->
     assert half.gemm_s(m, n, k) - fixed == pytest.approx(2 * (full.gemm_s(m, n, k) - fixed), rel=1e-9)
 
 
+def test_a_kernel_without_a_figure_is_priced_at_another_and_the_prediction_says_so() -> None:
+    """llm-foundry's Triton kernel has its own H100 figure (FlashAttention-1's bars), far below cuDNN's; on B200,
+    which holds only cuDNN's table, it is priced at that and the prediction carries a note naming the stand-in."""
+    h100 = api.load_cluster("dgx-h100-superpod")
+    flops = 4 * 4096 * 128 * 8192 * 32 / 2
+    triton = Device.of(h100, "bf16", 8, attention_kernel="triton").attention_s(flops, 8192, 128)
+    cudnn = Device.of(h100, "bf16", 8, attention_kernel="cudnn").attention_s(flops, 8192, 128)
+    assert sum(triton) > 2.5 * sum(cudnn)  # 135 against 529 (forward) and 457 (backward) TFLOP/s at 8k
+    row = MPT_H100[0]
+    assert predict(mpt_plan(row)).notes == ()
+    notes = predict(api.load_plan(mpt_plan(row), ["cluster.overrides.accelerator=b200-sxm-180gb"])).notes
+    assert len(notes) == 1 and "'triton'" in notes[0] and "cudnn's figure" in notes[0], notes
+
+
 def test_the_release_gain_of_nemo_24_12_is_the_attention_kernel() -> None:
     """NeMo 24.12 ran Llama 3 8B 13% faster than 24.07 on one layout and Nemotron-4 340B no faster (published);
     24.12's Llama recipe runs cuDNN's fused attention where 24.07's launcher ran FlashAttention-2, and 340B ran

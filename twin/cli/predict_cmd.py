@@ -51,6 +51,8 @@ def predict(
     if not pred.fits:
         warning = oom_message(loaded, api.cluster_of(loaded), pred.memory, allow_hint=False)
         err_console.print(styled(("warning:", "bold yellow"), " ", warning), soft_wrap=True)
+    for note in pred.notes:
+        err_console.print(styled(("note:", "bold yellow"), " ", note), soft_wrap=True)
     checked = api.published_fidelity(loaded)
     if as_json:
         emit_json({**pred.to_json(timeline=timeline), "published_fidelity": checked.to_json()})

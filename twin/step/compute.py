@@ -135,7 +135,8 @@ class Device:
         if cpu_share:
             memory /= max(1, ranks_per_node)
             elementwise /= max(1, ranks_per_node)
-        tables = eff.attention.get(attention_kernel) or next(iter(eff.attention.values()), ())
+        priced_as = attention_priced_as(cluster, attention_kernel)
+        tables = eff.attention[priced_as] if priced_as else ()
         return cls(
             peak16_flops=acc.peak_tflops.get("bf16", acc.peak_tflops[key]) * 1e12 * share,
             gemm16_fraction=eff.gemm_peak_fraction["bf16"],
@@ -260,6 +261,31 @@ class Device:
     def elementwise_s(self, nbytes: float, kernels: float) -> float:
         """A framework's element-wise and normalisation kernels moving `nbytes` in all."""
         return nbytes / (self.elementwise_Bps or self.memory_Bps) + kernels * self.kernel_s
+
+
+def attention_priced_as(cluster: Cluster, attention_kernel: str) -> str | None:
+    """The accelerator's attention table a stack's fused kernel is priced with: its own, else the first the
+    accelerator holds (a stand-in: `attention_substitute` says so); None where it holds none (the GEMM rate)."""
+    tables = cluster.compute.attention
+    if attention_kernel in tables:
+        return attention_kernel
+    return next(iter(tables), None)
+
+
+def attention_substitute(cluster: Cluster, attention_kernel: str, flash: bool) -> str | None:
+    """What a prediction should say when the stack's fused attention kernel has no figure on the accelerator and
+    another kernel's stands in (or, with no table at all, the GEMM rate); None where its own figure prices it or
+    the stack runs no fused kernel."""
+    if not flash or attention_kernel == "none":
+        return None
+    used = attention_priced_as(cluster, attention_kernel)
+    if used == attention_kernel:
+        return None
+    instead = f"{used}'s figure" if used else "the GEMM rate"
+    return (
+        f"the stack's attention kernel {attention_kernel!r} has no figure for {cluster.accelerator.name}; it is priced"
+        f" at {instead} (add a `{attention_kernel}` table under compute.attention in the accelerator's file)"
+    )
 
 
 def fitted_gemm_s(flops: Any, nbytes: Any, rate: float, bandwidth_Bps: float, fixed_s: float) -> Any:

@@ -25,7 +25,7 @@ from plan.stack import Stack
 from twin.step import schedules
 from twin.step.collectives import collective_time
 from twin.step.comm_costs import dp_costs, p2p_costs
-from twin.step.compute import Device
+from twin.step.compute import Device, attention_substitute
 from twin.step.context import PredictOptions, StepContext, grad_reduce_bytes, shape_of, step_context
 from twin.step.costs import (
     NORM_REDUCTION_BYTES,
@@ -83,6 +83,9 @@ class StepPrediction:
     """Pipeline ranks: a stage's model chunk (virtual stage) is its number over this."""
     stage_phases_s: list[dict[str, float]] = field(default_factory=list, repr=False)
     """Per pipeline rank, where its step went in the executor's record vocabulary (plan.records.PHASES)."""
+    notes: tuple[str, ...] = ()
+    """How the prediction stood in for a figure the catalogue lacks (a kernel priced at another's figure), for the
+    user to read beside it."""
 
     @cached_property
     def timeline(self) -> list[dict[str, Any]]:
@@ -263,7 +266,14 @@ def _summarise(
         slices=result.slices.then(_step_tail(result, gather_exposed, straggle, data_wait)),
         pp=lay.pp,
         stage_phases_s=[r.phases() for r in result.ranks],
+        notes=_notes(ctx),
     )
+
+
+def _notes(ctx: StepContext) -> tuple[str, ...]:
+    """What the prediction priced with a stand-in figure (Device.of's attention table)."""
+    note = attention_substitute(ctx.cluster, ctx.stack.attention_kernel, ctx.stack.flash)
+    return (note,) if note else ()
 
 
 def _step_tail(result: PipelineResult, gather: float, straggle: float, wait: float) -> tuple[Slice, ...]:
