@@ -1,7 +1,8 @@
-"""MosaicML's MPT throughput tables on A100 (mosaicml/llm-foundry scripts/train/benchmarking/README.md): validation
-tables the twin was not built or fitted on, and the A100 has no fitted constant, so every row is a prediction from
-kernel-level figures alone. FSDP FULL_SHARD over every GPU, no tensor or pipeline parallelism, models from 125M to
-70B parameters, sequences from 512 to 65,536 tokens, bf16, with and without activation checkpointing.
+"""MosaicML's MPT throughput tables on A100 and H100 (mosaicml/llm-foundry scripts/train/benchmarking/README.md):
+validation tables the twin was not built or fitted on; the A100 has no fitted constant, so every A100 row is a
+prediction from kernel-level figures alone. FSDP over every GPU, no tensor or pipeline parallelism, models from 125M
+to 70B parameters, sequences from 512 to 65,536 tokens, bf16 (and fp8 on H100), with and without activation
+checkpointing.
 
 - `MPT_A100`: "A100 80GB with 1600 Gbps node-node interconnect (RoCE)" as re-run in b2a43a1 (2023-10-19): eight
   GPUs of one node, Composer 0.16's DEFAULT mixed precision (fp32 gradient reduce-scatters).
@@ -9,6 +10,9 @@ kernel-level figures alone. FSDP FULL_SHARD over every GPU, no tensor or pipelin
   mixed precision (bf16 reduce-scatters), flash-attn 0.2.8's Triton kernel. The Composer pin (0.13.3) landed the
   same day as the table, and the table's precision `bf16` is not a valid value in 0.12-0.13.3, so which Composer
   ran is not certain.
+- `MPT_H100`, `MPT_H100_FP8`: "H100 80GB BF16" and "H100 80GB FP8" from the same commit as MPT_A100 (8 to 64 GPUs;
+  fp8 through Transformer Engine v0.10's Linears).
+- `MPT_H100_LARGE`: "H100 80GB BF16 (Large Scale, >= 128 GPUs)" (5e85bd62d, 2024-01-06), every setting in sweep.py.
 
 Settings, from the releases (the stack llm-foundry-0.3 says where each comes from; the April runs differ from it in
 the gradient dtype and the library versions, not in the kernels):
@@ -17,15 +21,15 @@ the gradient dtype and the library versions, not in the kernels):
   GPUs x micro-batch x accumulation (submit_benchmarks.py; the GradAccum column).
 - MPT (llm-foundry v0.3.0 scripts/train/yamls/pretrain/mpt-*.yaml): expansion ratio 4, vocabulary 50,368, tied
   embeddings, biases, learned positional embeddings; head width 128 from 760M up, 64 below.
-- The Triton FlashAttention both ran (attn_impl triton) is priced from the FlashAttention-2 paper's figure of it on
-  A100 80GB (topologies/accelerators/a100-sxm4-80gb.yaml, `triton`; a100-sxm4-40gb borrows it), held at its 16k
-  value beyond.
+- The Triton FlashAttention they ran (attn_impl triton: Tri Dao's flash_attn_triton.py) is priced at the
+  FlashAttention-2 paper's FlashAttention (1) bars, its docstring putting it "slightly slower than CUDA" (`triton` in
+  the A100 and H100 files), held at the 16k value beyond; attn_impl flash (January 2024) at FlashAttention-2's.
 - Published: tokens per second per GPU (the T/s/GPU column).
 
-Left out: the October table's two 70B rows (kept from April on another stack, the commit says) and the H100 tables
-(no published figure of this Triton kernel on H100). Not modelled: FSDP's per-parameter casts (each block's bf16
-gradients to fp32 before an fp32 reduce-scatter, its fp32 shard to bf16 before the gather; about 1-2% of a step)
-and the learned positional embedding's gather and add.
+Left out: the October A100 table's two 70B rows (kept from April on another stack, the commit says). Not modelled:
+FSDP's per-parameter casts (each block's bf16 gradients to fp32 before an fp32 reduce-scatter, its fp32 shard to bf16
+before the gather; about 1-2% of a step), the learned positional embedding's gather and add, and the January runs'
+unpadding around FlashAttention-2 (flash_attn_fn's bert_padding gathers and scatter, with their host syncs).
 
 Run as part of benchmarks/published_figures.py.
 """
