@@ -262,6 +262,15 @@ def test_a_kernel_without_a_figure_is_priced_at_another_and_the_prediction_says_
     assert len(notes) == 1 and "'triton'" in notes[0] and "cudnn's figure" in notes[0], notes
 
 
+def test_a_dispatcher_without_measured_rates_on_the_accelerator_is_noted() -> None:
+    """DeepSeek-V3's node-forwarding dispatcher is priced at DeepEP's measured rates on H800 (compute.ep_dispatch)
+    without a note; moved to B200, which has none (and no FA3 table), the prediction names both stand-ins."""
+    assert predict(api.load_plan("deepseek-v3-2k")).notes == ()
+    notes = predict(api.load_plan("deepseek-v3-2k", ["cluster.accelerator=b200-sxm-180gb"])).notes
+    assert len(notes) == 2
+    assert "'fa3'" in notes[0] and "node-forwarding dispatcher" in notes[1] and "compute.ep_dispatch" in notes[1]
+
+
 def test_the_release_gain_of_nemo_24_12_is_the_attention_kernel() -> None:
     """NeMo 24.12 ran Llama 3 8B 13% faster than 24.07 on one layout and Nemotron-4 340B no faster (published);
     24.12's Llama recipe runs cuDNN's fused attention where 24.07's launcher ran FlashAttention-2, and 340B ran

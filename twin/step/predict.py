@@ -271,9 +271,17 @@ def _summarise(
 
 
 def _notes(ctx: StepContext) -> tuple[str, ...]:
-    """What the prediction priced with a stand-in figure (Device.of's attention table)."""
-    note = attention_substitute(ctx.cluster, ctx.stack.attention_kernel, ctx.stack.flash)
-    return (note,) if note else ()
+    """What the prediction priced with a stand-in figure: the stack's attention kernel at another's table
+    (Device.of), a node-forwarding dispatcher without the accelerator's measured rates (comm_costs.layer_comm)."""
+    notes = [attention_substitute(ctx.cluster, ctx.stack.attention_kernel, ctx.stack.flash)]
+    lay = ctx.plan.layout
+    forwarding = ctx.stack.ep_dispatch == "node-forwarding" and ctx.plan.model.is_moe and lay.ep > 1
+    if forwarding and ctx.span("ep").nodes > 1 and ctx.cluster.compute.ep_dispatch is None:
+        notes.append(
+            f"the stack's node-forwarding dispatcher has no measured rates for {ctx.cluster.accelerator.name} "
+            "(compute.ep_dispatch); its NVLink stage is priced at NCCL's NVLink bandwidth"
+        )
+    return tuple(n for n in notes if n)
 
 
 def _step_tail(result: PipelineResult, gather: float, straggle: float, wait: float) -> tuple[Slice, ...]:
