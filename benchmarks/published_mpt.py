@@ -215,10 +215,11 @@ FLASH2 = (*JANUARY_2024, ("attention_kernel", "fa2"))
 """attn_impl flash on the `.[gpu-flash2]` install: flash-attn 2's kernel (FlashAttention-2)."""
 
 
-def _rows_h100_large(model: str, zero: int, attention: tuple[tuple[str, str], ...], microbatch: int, ckpt: bool,
-                     *rows: tuple[int, float]) -> tuple[MptRow, ...]:  # fmt: skip
+def _rows_h100_large(
+    model: str, zero: int, stack: tuple[tuple[str, str], ...], microbatch: int, ckpt: bool, *rows: tuple[int, float]
+) -> tuple[MptRow, ...]:
     return tuple(
-        MptRow(model, 2048, microbatch, 1, ckpt, tps, gpus, "h100-sxm5-80gb", "bf16", "bf16", zero, attention)
+        MptRow(model, 2048, microbatch, 1, ckpt, tps, gpus, "h100-sxm5-80gb", "bf16", "bf16", zero, stack)
         for gpus, tps in rows
     )
 

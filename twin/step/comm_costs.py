@@ -118,7 +118,7 @@ def layer_comm(ctx: StepContext, cost: PassCost, moe: bool, paired: bool = False
         routed = tokens // routing_shard(shape_of(ctx))
         moved = routed * m.top_k * m.hidden * routed_load(m)  # the busiest rank's share sets it
         span = ctx.span("ep")
-        forwarding = ctx.stack.ep_dispatch == "node-forwarding" and span.nodes > 1 and not ctx.options.free_comm
+        forwarding = forwards_between_nodes(ctx)
         kernel = ctx.cluster.compute.ep_dispatch
         groups = m.routing_groups
         sms = 0  # SMs the dispatcher's own kernels hold while they run
@@ -140,6 +140,26 @@ def layer_comm(ctx: StepContext, cost: PassCost, moe: bool, paired: bool = False
         else:
             out["ep"] = (a2a, a2a)
     return out
+
+
+def forwards_between_nodes(ctx: StepContext) -> bool:
+    """Whether an MoE layer's dispatch forwards tokens node to node (Stack.ep_dispatch node-forwarding, over an
+    expert-parallel group that spans nodes) rather than sending each copy itself; a free-communication what-if
+    prices neither."""
+    lay, stack = ctx.plan.layout, ctx.stack
+    moe = ctx.plan.model.is_moe and lay.ep > 1
+    return moe and stack.ep_dispatch == "node-forwarding" and ctx.span("ep").nodes > 1 and not ctx.options.free_comm
+
+
+def dispatch_substitute(ctx: StepContext) -> str | None:
+    """What a prediction should say when a node-forwarding dispatcher has no measured rates on the accelerator
+    (ComputeEfficiency.ep_dispatch) and layer_comm moves it at NCCL's bandwidths instead; None otherwise."""
+    if not forwards_between_nodes(ctx) or ctx.cluster.compute.ep_dispatch is not None:
+        return None
+    return (
+        f"the stack's node-forwarding dispatcher has no measured rates for {ctx.cluster.accelerator.name} "
+        "(compute.ep_dispatch); its NVLink stage is priced at NCCL's NVLink bandwidth"
+    )
 
 
 def cp_comm(ctx: StepContext, cost: PassCost, tokens: int) -> tuple[float, float]:

@@ -24,7 +24,7 @@ from plan.schema import Plan
 from plan.stack import Stack
 from twin.step import schedules
 from twin.step.collectives import collective_time
-from twin.step.comm_costs import dp_costs, p2p_costs
+from twin.step.comm_costs import dispatch_substitute, dp_costs, p2p_costs
 from twin.step.compute import Device, attention_substitute
 from twin.step.context import PredictOptions, StepContext, grad_reduce_bytes, shape_of, step_context
 from twin.step.costs import (
@@ -273,14 +273,7 @@ def _summarise(
 def _notes(ctx: StepContext) -> tuple[str, ...]:
     """What the prediction priced with a stand-in figure: the stack's attention kernel at another's table
     (Device.of), a node-forwarding dispatcher without the accelerator's measured rates (comm_costs.layer_comm)."""
-    notes = [attention_substitute(ctx.cluster, ctx.stack.attention_kernel, ctx.stack.flash)]
-    lay = ctx.plan.layout
-    forwarding = ctx.stack.ep_dispatch == "node-forwarding" and ctx.plan.model.is_moe and lay.ep > 1
-    if forwarding and ctx.span("ep").nodes > 1 and ctx.cluster.compute.ep_dispatch is None:
-        notes.append(
-            f"the stack's node-forwarding dispatcher has no measured rates for {ctx.cluster.accelerator.name} "
-            "(compute.ep_dispatch); its NVLink stage is priced at NCCL's NVLink bandwidth"
-        )
+    notes = (attention_substitute(ctx.cluster, ctx.stack.attention_kernel, ctx.stack.flash), dispatch_substitute(ctx))
     return tuple(n for n in notes if n)
 
 
