@@ -186,6 +186,11 @@ class Stack(UserSection):
     (megatron/core/pipeline_parallel/combined_1f1b.py). It pairs interleaved 1F1B's steady phase, or every forward
     with the previous backward without pipelining; warm-up and cool-down run alone. False: every all-to-all is
     exposed (DualPipe's own pairs aside)."""
+    ep_overlap_hidden: float = Field(default=1.0, gt=0.0, le=1.0)
+    """Under `ep_overlap`, the share of the all-to-all time the combined 1F1B could hide behind the paired
+    microbatch's compute (all of it where that compute is longer) that it does hide, as a profile of the stack
+    measured it; the rest stays exposed, and the hidden part still costs the compute the SMs its dispatcher holds.
+    1: all of it (the ideal; DualPipe's pairs are always priced so)."""
     fp8_dispatch: bool = False
     """An fp8 plan's expert-parallel dispatch all-to-all moves fp8 tokens (DeepSeek-V3 §3.3.2 quantizes them before
     dispatch; the combine stays BF16); false: dispatch and combine move 16-bit tokens (Megatron-Core 0.10's

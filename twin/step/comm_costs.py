@@ -133,7 +133,14 @@ def layer_comm(ctx: StepContext, cost: PassCost, moe: bool, paired: bool = False
             a2a = sum(all_to_all_time(moved * width, span, share) for width in ctx.ep_bytes)
         else:
             a2a = sum(ctx.time("all_to_all", moved * width, span) for width in ctx.ep_bytes)
-        if paired:  # the paired microbatch's compute hides it, slowed by the SMs the dispatcher holds meanwhile:
+        hides = ctx.stack.ep_overlap_hidden if ctx.plan.layout.schedule != "dualpipe-v" else 1.0
+        if paired and hides < 1.0:  # the combined 1F1B hides its measured share of what the paired compute could
+            hidden = [hides * min(a2a, compute) for compute in (cost.forward_s, cost.backward_input_s)]
+            out["ep"] = (
+                a2a - hidden[0] + _contention(ctx, hidden[0], sms),
+                a2a - hidden[1] + _contention(ctx, hidden[1], sms),
+            )
+        elif paired:  # the paired microbatch's compute hides it, slowed by the SMs the dispatcher holds meanwhile:
             # the compute outlasts the all-to-all by what those SMs cost it, or the all-to-all outlasts the compute
             held = _contention(ctx, a2a, sms)
             out["ep"] = (max(a2a - cost.forward_s, held), max(a2a - cost.backward_input_s, held))
