@@ -5,9 +5,8 @@ whole gradient buffer each step."""
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
