@@ -133,20 +133,27 @@ def layer_comm(ctx: StepContext, cost: PassCost, moe: bool, paired: bool = False
             a2a = sum(all_to_all_time(moved * width, span, share) for width in ctx.ep_bytes)
         else:
             a2a = sum(ctx.time("all_to_all", moved * width, span) for width in ctx.ep_bytes)
-        hides = ctx.stack.ep_overlap_hidden if ctx.plan.layout.schedule != "dualpipe-v" else 1.0
-        if paired and hides < 1.0:  # the combined 1F1B hides its measured share of what the paired compute could
-            hidden = [hides * min(a2a, compute) for compute in (cost.forward_s, cost.backward_input_s)]
+        if paired:
             out["ep"] = (
-                a2a - hidden[0] + _contention(ctx, hidden[0], sms),
-                a2a - hidden[1] + _contention(ctx, hidden[1], sms),
+                _paired_exposed(ctx, a2a, cost.forward_s, sms),
+                _paired_exposed(ctx, a2a, cost.backward_input_s, sms),
             )
-        elif paired:  # the paired microbatch's compute hides it, slowed by the SMs the dispatcher holds meanwhile:
-            # the compute outlasts the all-to-all by what those SMs cost it, or the all-to-all outlasts the compute
-            held = _contention(ctx, a2a, sms)
-            out["ep"] = (max(a2a - cost.forward_s, held), max(a2a - cost.backward_input_s, held))
         else:
             out["ep"] = (a2a, a2a)
     return out
+
+
+def _paired_exposed(ctx: StepContext, a2a: float, compute: float, sms: int) -> float:
+    """Exposed seconds of a layer's all-to-all `a2a` beside the paired microbatch's `compute` (DualPipe, the
+    combined 1F1B), whose hidden part still costs that compute the `sms` its dispatcher holds. Ideally (DualPipe, a
+    stack's ep_overlap_hidden 1) the compute hides all it can: the compute outlasts the all-to-all by what those SMs
+    cost it, or the all-to-all outlasts the compute. Else it hides the stack's measured share of that, the rest
+    exposed after it."""
+    hides = ctx.stack.ep_overlap_hidden if ctx.plan.layout.schedule != "dualpipe-v" else 1.0
+    if hides == 1.0:
+        return max(a2a - compute, _contention(ctx, a2a, sms))
+    hidden = hides * min(a2a, compute)
+    return a2a - hidden + _contention(ctx, hidden, sms)
 
 
 def forwards_between_nodes(ctx: StepContext) -> bool:
