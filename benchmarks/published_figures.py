@@ -1,16 +1,17 @@
 """The twin against published figures, row by row, each in its source's own convention, worst rows first.
 
 Tables (benchmarks/published.py, published_nemotron.py, published_nemo2407.py, published_mbridge.py,
-published_mbridge_moe.py, published_deepseek.py, published_mpt.py): nccl-tests bus bandwidth on one node; Narayanan et
-al. 2021 Table 1 (A100, TFLOP/s by the paper's formula); Megatron-Core r0.8.0's H100 table (TFLOP/s by Megatron-Core's
-formula); the Megatron-LM A100 README table (MFU); Llama 3 405B Table 4 (MFU); NVIDIA's DGX Cloud recipes (step time, as
-throughput: Llama 3.1 and GPT-3, Grok-1, Nemotron-4, DeepSeek-V3); NeMo's H100 fp8 performance summary, 24.07 and its
-Llama 2 7B rows from 4k to 1M tokens, and Megatron-Bridge's Llama 3 and Qwen3 MoE rows from 25.11 to 26.06 under fp8
-current scaling (tokens/s per GPU); MosaicML's MPT on A100 and H100 (bf16 and fp8) under FSDP (tokens/s per GPU). Each
-row says its kind: `validation` (the twin was not built from that figure), `consistency` (a catalogue number was derived
-from the same published figure, so agreement only shows the arithmetic is consistent) or `fit` (the row is in the table
-an accelerator's one fitted constant was fitted on). Prints a table per source with mean and worst absolute error (and,
-beside a fit, the rows left out of it) and writes benchmarks/results/published_figures.json.
+published_mbridge_moe.py, published_deepseek.py, published_llama4.py, published_mpt.py): nccl-tests bus bandwidth on one
+node; Narayanan et al. 2021 Table 1 (A100, TFLOP/s by the paper's formula); Megatron-Core r0.8.0's H100 table (TFLOP/s
+by Megatron-Core's formula); the Megatron-LM A100 README table (MFU); Llama 3 405B Table 4 (MFU); NVIDIA's DGX Cloud
+recipes (step time, as throughput: Llama 3.1 and GPT-3, Grok-1, Nemotron-4, DeepSeek-V3, Llama 4 Maverick); NeMo's H100
+fp8 performance summary, 24.07 and its Llama 2 7B rows from 4k to 1M tokens, and Megatron-Bridge's Llama 3 and Qwen3 MoE
+rows from 25.11 to 26.06 under fp8 current scaling (tokens/s per GPU); MosaicML's MPT on A100 and H100 (bf16 and fp8)
+under FSDP (tokens/s per GPU). Each row says its kind: `validation` (the twin was not built from that figure),
+`consistency` (a catalogue number was derived from the same published figure, so agreement only shows the arithmetic is
+consistent) or `fit` (the row is in the table an accelerator's one fitted constant was fitted on). Prints a table per
+source with mean and worst absolute error (and, beside a fit, the rows left out of it) and writes
+benchmarks/results/published_figures.json.
 Run: `python benchmarks/published_figures.py`.
 """
 
@@ -51,6 +52,9 @@ from benchmarks.published_deepep import DEEPEP_ROWS, deepep_gbps
 from benchmarks.published_deepseek import DGXC_DEEPSEEK_H100, deepseek_plan
 from benchmarks.published_deepseek import SEQ as DEEPSEEK_SEQ
 from benchmarks.published_deepseek import SOURCE as DEEPSEEK_SOURCE
+from benchmarks.published_llama4 import DGXC_LLAMA4_H100, llama4_plan
+from benchmarks.published_llama4 import SEQ as LLAMA4_SEQ
+from benchmarks.published_llama4 import SOURCE as LLAMA4_SOURCE
 from benchmarks.published_mbridge import MBRIDGE_H100, SEQ, mbridge_plan
 from benchmarks.published_mbridge import SOURCE as MBRIDGE_SOURCE
 from benchmarks.published_mbridge_moe import (
@@ -270,6 +274,20 @@ def deepseek_rows() -> list[Row]:
     return out
 
 
+def llama4_rows() -> list[Row]:
+    """Llama 4 Maverick in bf16 and fp8 on 512 DGX H100, dense and MoE layers alternating, the experts folded over
+    every rank (benchmarks/published_llama4.py; no fit uses them)."""
+    out = []
+    for r in DGXC_LLAMA4_H100:
+        plan = llama4_plan(r)
+        step = predict(plan).step_time_s
+        what = (f"llama4-maverick {r.dtype}, {r.gpus:,} H100, TP{r.tp} PP1 EP{r.ep} (expert TP{r.expert_tp}): "
+                "tokens/s per GPU")  # fmt: skip
+        published = LLAMA4_SEQ * r.batch / r.gpus
+        out.append(_tokens_per_gpu_row(what, published, r.step_s, step, LLAMA4_SOURCE, plan=plan))
+    return out
+
+
 def mbridge_moe_rows() -> list[Row]:
     """Megatron-Bridge's DGX-H100 MoE rows, NeMo 25.11 to 26.06: Qwen3 in fp8 current scaling, gpt-oss-120b in bf16,
     tokens per second per GPU (benchmarks/published_mbridge_moe.py; no fit uses them)."""
@@ -383,6 +401,7 @@ TABLES: dict[str, Callable[[], list[Row]]] = {
     "dgxc-h100-moe": grok_rows,
     "dgxc-h100-nemotron": nemotron_rows,
     "dgxc-h100-deepseek": deepseek_rows,
+    "dgxc-h100-llama4": llama4_rows,
     "nemo-24.07-h100": nemo2407_rows,
     "nemo-long-seq-h100": nemo_long_rows,
     "mbridge-h100": mbridge_rows,

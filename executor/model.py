@@ -160,9 +160,7 @@ class GPT(nn.Module):
         self.spec = spec
         self.tok_embeddings = nn.Embedding(spec.vocab, spec.hidden) if first else None
         experts = range(spec.experts) if expert_ids is None else expert_ids
-        self.layers = nn.ModuleDict(
-            {str(i): Block(spec, spec.is_moe and i >= spec.dense_layers, experts) for i in layer_ids}
-        )
+        self.layers = nn.ModuleDict({str(i): Block(spec, spec.is_moe_layer(i), experts) for i in layer_ids})
         self.norm = RMSNorm(spec.hidden) if last else None
         self.output = nn.Linear(spec.hidden, spec.vocab, bias=False) if last else None
         self.tie_weights()

@@ -61,6 +61,11 @@ class ModelSpec(UserSection):
     """Always-active shared experts per MoE layer, each of width moe_ffn_hidden (count)."""
     dense_layers: NonNegativeInt = 0
     """Leading layers that keep a dense MLP in an MoE model, as DeepSeek-V3's first three (count)."""
+    moe_layer_step: PositiveInt = 1
+    """After the leading dense layers, every this-many-th layer is a mixture of experts and the others keep a dense
+    MLP of width ffn_hidden (count): 1, every layer (Mixtral, DeepSeek-V3); 2, dense and MoE layers alternating,
+    the MoE one second, as Llama 4 Maverick's interleave_moe_layer_step 2 (Hugging Face Llama4TextConfig: layer i is
+    MoE where (i + 1) % step == 0) and Megatron-Core's moe_layer_freq [0, 1] * 24 (NeMo Llama4Experts128Config)."""
     expert_groups: PositiveInt | None = None
     """Groups the routed experts are cut into, in order, for group-limited routing (Megatron-Core's
     moe_router_num_groups; DeepSeek-V3's n_group 8 with its experts spread one group a node): a token's experts come
@@ -106,6 +111,10 @@ class ModelSpec(UserSection):
                 raise ValueError("moe_ffn_hidden: required when experts > 0 (the width of one expert's MLP)")
             if self.dense_layers >= self.layers:
                 raise ValueError(f"dense_layers: {self.dense_layers} leaves no MoE layer of layers={self.layers}")
+            if not self.moe_layers:
+                raise ValueError(f"moe_layer_step: {self.moe_layer_step} leaves no MoE layer among the "
+                                 f"{self.layers - self.dense_layers} after dense_layers; use a step of at most "
+                                 f"{self.layers - self.dense_layers}")  # fmt: skip
             if (self.expert_groups is None) != (self.group_top_k is None):
                 raise ValueError("expert_groups and group_top_k: group-limited routing needs both; set both or neither")
             if self.expert_groups is not None and self.group_top_k is not None:
@@ -122,9 +131,9 @@ class ModelSpec(UserSection):
                     best = self.top_k // self.group_top_k
                     raise ValueError(f"group_top_k: each group is scored by its best top_k // group_top_k = "
                                      f"{best} experts, more than its {per_group}")  # fmt: skip
-        elif self.top_k or self.shared_experts or self.expert_groups:
-            raise ValueError("experts: 0 (dense) but top_k, shared_experts or expert_groups is set; set experts or "
-                             "drop them")  # fmt: skip
+        elif self.top_k or self.shared_experts or self.expert_groups or self.moe_layer_step > 1:
+            raise ValueError("experts: 0 (dense) but top_k, shared_experts, expert_groups or moe_layer_step is set; "
+                             "set experts or drop them")  # fmt: skip
         if self.full_attention_every is not None and self.sliding_window is None:
             raise ValueError("full_attention_every: only layers with a sliding window alternate; set sliding_window")
         if self.kv_lora_rank is None and (self.q_lora_rank or self.rope_head_dim):
@@ -204,4 +213,11 @@ class ModelSpec(UserSection):
     @property
     def moe_layers(self) -> int:
         """Layers whose MLP is a mixture of experts (count)."""
-        return self.layers - self.dense_layers if self.is_moe else 0
+        return (self.layers - self.dense_layers) // self.moe_layer_step if self.is_moe else 0
+
+    def is_moe_layer(self, layer: int) -> bool:
+        """Whether model layer `layer` (0-based) routes its MLP to experts: past the leading dense layers, the last
+        of every `moe_layer_step`; `layers` and beyond are multi-token-prediction modules, MoE in an MoE model."""
+        if not self.is_moe or layer < self.dense_layers:
+            return False
+        return layer >= self.layers or (layer - self.dense_layers + 1) % self.moe_layer_step == 0

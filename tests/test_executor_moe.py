@@ -100,6 +100,14 @@ def test_the_balance_loss_reaches_the_router_at_its_own_layer() -> None:
     assert not silent.router.weight.grad.any()
 
 
+def test_the_executor_routes_only_the_layers_the_model_makes_moe() -> None:
+    """`moe_layer_step` 2 after one dense layer: of four layers only layer 2 gets an MoE MLP, as the twin prices."""
+    plan = loader.load("cpu-tiny-moe", ["model.moe_layer_step=2"])
+    model = build_stage_model(plan.model, range(4), True, True, 0, CPU)
+    routed = [isinstance(block.feed_forward, MoE) for block in model.blocks()]
+    assert routed == [plan.model.is_moe_layer(i) for i in range(4)] == [False, False, True, False]
+
+
 def test_an_expert_has_the_same_weights_on_whichever_rank_holds_it() -> None:
     plan = loader.load("cpu-tiny-moe")
     whole = build_stage_model(plan.model, range(4), True, True, 0, CPU).state_dict()

@@ -9,7 +9,14 @@ from plan.model_math import param_count
 from plan.stacks import load_stack
 from twin.step.comm_costs import dp_costs
 from twin.step.context import step_context
-from twin.step.memory import activation_bytes, layer_params, logits_bytes, rank_state_bytes, transient_bytes
+from twin.step.memory import (
+    activation_bytes,
+    layer_params,
+    logits_bytes,
+    rank_state_bytes,
+    stage_params,
+    transient_bytes,
+)
 from twin.step.predict import DEFAULT_OPTIONS, predict
 
 
@@ -165,6 +172,23 @@ def test_experts_are_split_over_tp_only_where_the_stack_splits_them() -> None:
     assert e.moe_ffn_hidden is not None
     expert = 3 * e.hidden * e.moe_ffn_hidden  # SwiGLU: gate, up, down
     assert held.expert == pytest.approx(e.experts * expert / whole.layout.ep)
+
+
+def test_alternating_moe_layers_hold_experts_only_where_they_route() -> None:
+    """With `moe_layer_step` 2 after one dense layer, only layer 2 of four is MoE: stage 0 (layers 0-1) holds no
+    expert weights, stage 1 (layers 2-3) one MoE layer's beside a dense layer's; and the step's all-to-all time is a
+    third of every-layer routing's (one MoE layer of three)."""
+    plan = loader.load("cpu-tiny-moe", ["model.moe_layer_step=2"])
+    assert [plan.model.is_moe_layer(i) for i in range(4)] == [False, False, True, False]
+    first, second = stage_params(plan, 0), stage_params(plan, 1)
+    assert first.expert == 0
+    assert second.expert == layer_params(plan, 2).expert > 0
+    head = stage_params(plan, 1).dense - layer_params(plan, 2).dense - layer_params(plan, 3).dense
+    every = loader.load("cpu-tiny-moe")  # layers 1-3 MoE: its stage 1 holds two MoE layers and the same head
+    assert stage_params(every, 1).dense - 2 * layer_params(every, 2).dense == pytest.approx(head)
+    one = ["layout.pp=1", "layout.dp=4"]
+    routed = {step: predict(loader.load("cpu-tiny-moe", [f"model.moe_layer_step={step}", *one])) for step in (1, 2)}
+    assert routed[2].breakdown_s["ep_comm"] == pytest.approx(routed[1].breakdown_s["ep_comm"] / 3, rel=1e-9)
 
 
 @pytest.mark.parametrize("stack,width", [("megatron-core-0.8", 4), ("nemo-24.12", 4), ("llm-foundry-0.3", 2)])

@@ -10,7 +10,7 @@ import yaml
 
 from plan import loader
 from plan.loader import PlanError
-from plan.model_math import model_flops_per_token, param_count
+from plan.model_math import layer_params, model_flops_per_token, param_count
 from plan.schema import ModelSpec, split_layers
 
 BROKEN = sorted((Path(__file__).parent / "data" / "broken").glob("*.yaml"))
@@ -143,6 +143,7 @@ def test_edge_stage_trim_larger_than_an_edge_stage_is_refused() -> None:
         ("llama2-13b", 13.0e9, 0.005),
         ("llama2-70b", 69.0e9, 0.005),
         ("gpt-oss-120b", 116.8e9, 0.005),  # gpt-oss model card: 116.8B total
+        ("llama4-maverick", 400e9, 0.005),  # Meta's Llama 4 model card: 400B total (17B active, below)
     ],
 )
 def test_model_presets_match_published_parameter_counts(preset: str, total: float, tolerance: float) -> None:
@@ -164,6 +165,40 @@ def test_moe_active_parameters_count_top_k_and_shared() -> None:
     expert = 3 * 8 * 16
     assert param_count(moe).total - param_count(dense).total == 4 * expert + 8 * 4  # + 4 experts, router
     assert param_count(moe).active - param_count(dense).active == 2 * expert + 8 * 4
+
+
+def test_llama4_maverick_alternates_dense_and_moe_layers() -> None:
+    """Llama 4 Maverick's interleave_moe_layer_step 2: layers 1, 3, ..., 47 route to experts, the even ones keep the
+    16,384-wide dense MLP; 17B of its 400B parameters are active (Meta's model card)."""
+    m = ModelSpec.model_validate(yaml.safe_load((loader.PRESET_DIR / "models" / "llama4-maverick.yaml").read_text()))
+    assert [i for i in range(m.layers) if m.is_moe_layer(i)] == list(range(1, 48, 2))
+    assert m.moe_layers == 24
+    assert param_count(m).active == pytest.approx(17e9, rel=0.015)
+    every = m.model_copy(update={"moe_layer_step": 1})
+    expert_layer, dense_layer = (layer_params(m, moe=kind) for kind in (True, False))
+    assert param_count(every).total - param_count(m).total == 24 * (expert_layer[0] - dense_layer[0])
+
+
+def test_moe_layer_step_counts_from_the_leading_dense_layers() -> None:
+    m = ModelSpec(layers=7, hidden=8, heads=2, ffn_hidden=16, vocab=10, seq_len=4, experts=4, top_k=1,
+                  moe_ffn_hidden=8, dense_layers=1, moe_layer_step=3)  # fmt: skip
+    assert [i for i in range(7) if m.is_moe_layer(i)] == [3, 6]
+    assert m.moe_layers == 2
+    assert m.is_moe_layer(7)  # a multi-token-prediction module past the last layer is MoE in an MoE model
+
+
+@pytest.mark.parametrize(
+    ("update", "message"),
+    [
+        ({"experts": 0, "top_k": 0, "moe_ffn_hidden": None, "moe_layer_step": 2}, "moe_layer_step is set"),
+        ({"moe_layer_step": 5}, "leaves no MoE layer among the 4"),
+    ],
+)
+def test_moe_layer_step_that_cannot_hold_an_moe_layer_is_refused(update: dict[str, object], message: str) -> None:
+    base = {"layers": 4, "hidden": 8, "heads": 2, "ffn_hidden": 16, "vocab": 10, "seq_len": 4, "experts": 4,
+            "top_k": 1, "moe_ffn_hidden": 8}  # fmt: skip
+    with pytest.raises(ValueError, match=message):
+        ModelSpec.model_validate(base | update)
 
 
 def test_plan_round_trips_through_json() -> None:

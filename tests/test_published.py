@@ -59,6 +59,10 @@ BOUNDS = {  # table: (mean |error|, worst |error|)
     # moved it from 21.0% to 24.0%, MLA's eager RoPE and concatenations back to 19.9%
     # (benchmarks/published_deepseek.py; README, Fidelity)
     "dgxc-h100-deepseek": (0.205, 0.23),
+    # within the 5% target on a recipe nothing was built or fitted on: Llama 4 Maverick on 512 H100, dense and MoE
+    # layers alternating, experts folded over all 512 ranks (EP128 x expert TP4): bf16 -2.5%, fp8 +4.7% (the fp8
+    # run's CUDA graphs not priced) (benchmarks/published_llama4.py; README, Fidelity)
+    "dgxc-h100-llama4": (0.04, 0.05),
     # validation on earlier releases, fp8, FlashAttention-2 as the launcher of the time ran it (NVTE_FUSED_ATTN=0):
     # NeMo 24.07's 11 rows, GPT-3 5B to Nemotron-4 340B (the page's revisions move rows by up to 6%), and NeMo
     # 24.03.01's Llama 2 7B from 4k to 1M tokens, context-parallel up to 32 (benchmarks/published_nemo2407.py)

@@ -150,7 +150,7 @@ class Bounds:
         split = schedules.splits_weight_grad(lay.schedule)
         durations: dict[tuple[str, int], float] = {}
         for stage, layers in enumerate(stage_layer_ranges(plan)):
-            kinds = [m.is_moe and i >= m.dense_layers for i in layers]
+            kinds = [m.is_moe_layer(i) for i in layers]
             extras = ["embedding"] * (stage == 0) + ["head"] * (stage == lay.num_stages - 1)
             f = sum(cost[k][0] for k in kinds) + sum(cost[e][0] for e in extras)
             b = sum(cost[k][1] for k in kinds) + sum(cost[e][1] for e in extras)
@@ -304,8 +304,8 @@ def _rank_layers(plan: Plan) -> list[RankLayers]:
     for stages in schedules.rank_stages(lay.schedule, lay.pp, lay.num_stages):
         mine = [i for s in stages for i in ranges[s]]
         before = [i for s in range(min(stages)) for i in ranges[s]]
-        moe_mine = sum(m.is_moe and i >= m.dense_layers for i in mine)
-        moe_before = sum(m.is_moe and i >= m.dense_layers for i in before)
+        moe_mine = sum(m.is_moe_layer(i) for i in mine)
+        moe_before = sum(m.is_moe_layer(i) for i in before)
         first, last = 0 in stages, lay.num_stages - 1 in stages
         out.append(RankLayers(len(mine) - moe_mine, moe_mine, len(before) - moe_before, moe_before, first, last))
     return out

@@ -59,7 +59,7 @@ def stage_costs(
             layers += range(m.layers, m.layers + m.mtp_layers)
             extras += [mtp_projection_cost(m, shape, ctx.device), head] * m.mtp_layers
         for layer in layers:
-            moe = m.is_moe and layer >= m.dense_layers
+            moe = m.is_moe_layer(layer)
             moe_layers += moe
             cost, comm = kinds[moe], comms[moe]
             f["compute"] += cost.forward_s

@@ -74,7 +74,7 @@ def layer_params(plan: Plan, layer: int) -> StageParams:
     m, lay = plan.model, plan.layout
     duplicated = latent_down_params(m)  # MLA's down-projections, whole on every tp rank
     dense = (attention_params(m) - duplicated + 2 * m.hidden) / lay.tp + duplicated
-    if m.is_moe and layer >= m.dense_layers:
+    if m.is_moe_layer(layer):
         assert m.moe_ffn_hidden is not None
         expert = mlp_params(m, m.moe_ffn_hidden)
         split = expert_tp(plan)
@@ -98,10 +98,10 @@ def stage_params(plan: Plan, stage: int) -> StageParams:
     m, tp = plan.model, plan.layout.tp
     dense = expert = 0.0
     layers = stage_layer_ranges(plan)[stage]
-    moe_layers = max(0, layers.stop - max(layers.start, m.dense_layers)) if m.is_moe else 0
-    for count, layer in ((len(layers) - moe_layers, layers.start), (moe_layers, layers.stop - 1)):
-        if count:  # every dense layer holds the same, as does every MoE layer
-            p = layer_params(plan, layer)
+    moe = [m.is_moe_layer(i) for i in layers]
+    for kind in (False, True):  # every dense layer holds the same, as does every MoE layer
+        if count := moe.count(kind):
+            p = layer_params(plan, layers[moe.index(kind)])
             dense, expert = dense + count * p.dense, expert + count * p.expert
     last = plan.layout.num_stages - 1
     if stage == 0:

@@ -137,7 +137,7 @@ def rank_memories(plan: Plan, cluster: Cluster, stack: Stack) -> list[MemoryBrea
     dense, kept = layer_activation_bytes(plan, stack, moe=False)
     moe = layer_activation_bytes(plan, stack, moe=True)[0] if m.is_moe else dense
     weights = {
-        s: sum(moe / dense if m.is_moe and i >= m.dense_layers else 1.0 for i in layers)
+        s: sum(moe / dense if m.is_moe_layer(i) else 1.0 for i in layers)
         for s, layers in enumerate(stage_layer_ranges(plan))
     }
     weights[lay.num_stages - 1] += m.mtp_layers * (moe / dense)  # multi-token prediction's layers keep theirs too
