@@ -144,6 +144,7 @@ def test_edge_stage_trim_larger_than_an_edge_stage_is_refused() -> None:
         ("llama2-70b", 69.0e9, 0.005),
         ("gpt-oss-120b", 116.8e9, 0.005),  # gpt-oss model card: 116.8B total
         ("llama4-maverick", 400e9, 0.005),  # Meta's Llama 4 model card: 400B total (17B active, below)
+        ("llama4-scout", 109e9, 0.015),  # the card's 109B is the multimodal checkpoint's: its vision encoder too
     ],
 )
 def test_model_presets_match_published_parameter_counts(preset: str, total: float, tolerance: float) -> None:
