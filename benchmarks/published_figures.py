@@ -1,7 +1,7 @@
 """The twin against published figures, row by row, each in its source's own convention, worst rows first.
 
 Tables (benchmarks/published.py, published_nemotron.py, published_nemo2407.py, published_mbridge.py,
-published_mbridge_moe.py, published_deepseek.py, published_llama4.py, published_mpt.py): nccl-tests bus bandwidth on one
+published_mbridge_moe.py, published_deepseek.py, published_llama4.py, published_mcore_moe.py, published_mpt.py): nccl-tests bus bandwidth on one
 node; Narayanan et al. 2021 Table 1 (A100, TFLOP/s by the paper's formula); Megatron-Core r0.8.0's H100 table (TFLOP/s
 by Megatron-Core's formula); the Megatron-LM A100 README table (MFU); Llama 3 405B Table 4 (MFU); NVIDIA's DGX Cloud
 recipes (step time, as throughput: Llama 3.1 and GPT-3, Grok-1, Nemotron-4, DeepSeek-V3, Llama 4 Maverick); NeMo's H100
@@ -55,6 +55,8 @@ from benchmarks.published_deepseek import SOURCE as DEEPSEEK_SOURCE
 from benchmarks.published_llama4 import DGXC_LLAMA4_H100, llama4_plan
 from benchmarks.published_llama4 import SEQ as LLAMA4_SEQ
 from benchmarks.published_llama4 import SOURCE as LLAMA4_SOURCE
+from benchmarks.published_mcore_moe import MCORE_MOE_H100, mcore_moe_plan, megatron_moe_tflops
+from benchmarks.published_mcore_moe import SOURCE as MCORE_MOE_SOURCE
 from benchmarks.published_mbridge import MBRIDGE_H100, SEQ, mbridge_plan
 from benchmarks.published_mbridge import SOURCE as MBRIDGE_SOURCE
 from benchmarks.published_mbridge_moe import (
@@ -288,6 +290,18 @@ def llama4_rows() -> list[Row]:
     return out
 
 
+def mcore_moe_rows() -> list[Row]:
+    """Megatron-Core 0.9's Mixtral 8x7B headline on 64 H100 in bf16, TFLOP/s per GPU by its own count
+    (benchmarks/published_mcore_moe.py; no fit uses it)."""
+    out = []
+    for r in MCORE_MOE_H100:
+        plan = mcore_moe_plan(r)
+        step = predict(plan).step_time_s
+        what = f"{r.model} bf16, {r.gpus} H100, TP{r.tp} PP{r.pp} EP{r.ep}{vp_label(r.virtual)}: TFLOP/s per GPU"
+        out.append(_row(what, r.tflops, megatron_moe_tflops(plan, step), MCORE_MOE_SOURCE, plan=plan))
+    return out
+
+
 def mbridge_moe_rows() -> list[Row]:
     """Megatron-Bridge's DGX-H100 MoE rows, NeMo 25.11 to 26.06: Qwen3 in fp8 current scaling, gpt-oss-120b in bf16,
     tokens per second per GPU (benchmarks/published_mbridge_moe.py; no fit uses them)."""
@@ -402,6 +416,7 @@ TABLES: dict[str, Callable[[], list[Row]]] = {
     "dgxc-h100-nemotron": nemotron_rows,
     "dgxc-h100-deepseek": deepseek_rows,
     "dgxc-h100-llama4": llama4_rows,
+    "mcore-moe-h100": mcore_moe_rows,
     "nemo-24.07-h100": nemo2407_rows,
     "nemo-long-seq-h100": nemo_long_rows,
     "mbridge-h100": mbridge_rows,
