@@ -1,12 +1,13 @@
 """The twin against published figures, row by row, each in its source's own convention, worst rows first.
 
 Tables (benchmarks/published.py, published_nemotron.py, published_nemo2407.py, published_mbridge.py,
-published_mbridge_moe.py, published_deepseek.py, published_llama4.py, published_mcore_moe.py, published_mpt.py): nccl-tests bus bandwidth on one
-node; Narayanan et al. 2021 Table 1 (A100, TFLOP/s by the paper's formula); Megatron-Core r0.8.0's H100 table (TFLOP/s
-by Megatron-Core's formula); the Megatron-LM A100 README table (MFU); Llama 3 405B Table 4 (MFU); NVIDIA's DGX Cloud
-recipes (step time, as throughput: Llama 3.1 and GPT-3, Grok-1, Nemotron-4, DeepSeek-V3, Llama 4 Maverick); NeMo's H100
-fp8 performance summary, 24.07 and its Llama 2 7B rows from 4k to 1M tokens, and Megatron-Bridge's Llama 3 and Qwen3 MoE
-rows from 25.11 to 26.06 under fp8 current scaling (tokens/s per GPU); MosaicML's MPT on A100 and H100 (bf16 and fp8)
+published_mbridge_moe.py, published_deepseek.py, published_llama4.py, published_mcore_moe.py, published_mpt.py):
+nccl-tests bus bandwidth on one node; Narayanan et al. 2021 Table 1 (A100, TFLOP/s by the paper's formula);
+Megatron-Core r0.8.0's H100 table and its 0.9 Mixtral 8x7B headline (TFLOP/s by Megatron-Core's formula); the
+Megatron-LM A100 README table (MFU); Llama 3 405B Table 4 (MFU); NVIDIA's DGX Cloud recipes (step time, as
+throughput: Llama 3.1 and GPT-3, Grok-1, Nemotron-4, DeepSeek-V3, Llama 4 Maverick); NeMo's H100 fp8 performance
+summary, 24.07 and its Llama 2 7B rows from 4k to 1M tokens, and Megatron-Bridge's Llama 3 and Qwen3 MoE rows from
+25.11 to 26.06 under fp8 current scaling (tokens/s per GPU); MosaicML's MPT on A100 and H100 (bf16 and fp8)
 under FSDP (tokens/s per GPU). Each row says its kind: `validation` (the twin was not built from that figure),
 `consistency` (a catalogue number was derived from the same published figure, so agreement only shows the arithmetic is
 consistent) or `fit` (the row is in the table an accelerator's one fitted constant was fitted on). Prints a table per
@@ -55,8 +56,6 @@ from benchmarks.published_deepseek import SOURCE as DEEPSEEK_SOURCE
 from benchmarks.published_llama4 import DGXC_LLAMA4_H100, llama4_plan
 from benchmarks.published_llama4 import SEQ as LLAMA4_SEQ
 from benchmarks.published_llama4 import SOURCE as LLAMA4_SOURCE
-from benchmarks.published_mcore_moe import MCORE_MOE_H100, mcore_moe_plan, megatron_moe_tflops
-from benchmarks.published_mcore_moe import SOURCE as MCORE_MOE_SOURCE
 from benchmarks.published_mbridge import MBRIDGE_H100, SEQ, mbridge_plan
 from benchmarks.published_mbridge import SOURCE as MBRIDGE_SOURCE
 from benchmarks.published_mbridge_moe import (
@@ -68,6 +67,8 @@ from benchmarks.published_mbridge_moe import (
 )
 from benchmarks.published_mbridge_moe import SEQ as MBRIDGE_MOE_SEQ
 from benchmarks.published_mbridge_moe import SOURCE as MBRIDGE_MOE_SOURCE
+from benchmarks.published_mcore_moe import MCORE_MOE_H100, mcore_moe_plan, megatron_moe_tflops
+from benchmarks.published_mcore_moe import SOURCE as MCORE_MOE_SOURCE
 from benchmarks.published_mpt import (
     MPT_A100,
     MPT_A100_40GB,

@@ -333,3 +333,22 @@ def test_published_fidelity_file_is_what_the_tables_give_today(tables: dict[str,
             assert (mine["rows"], mine["worst"]) == (want["rows"], want["worst"]), stack
             for field in ("mean_abs_error", "worst_error"):
                 assert mine[field] == pytest.approx(want[field], rel=1e-9, abs=1e-12), (stack, field)
+
+
+def test_megatron_moe_flop_count_is_the_dense_tables_count_on_its_rows() -> None:
+    """benchmarks/published_mcore_moe.py counts FLOPs from a plan as Megatron-Core 0.9 does; on the dense GPT rows
+    of the r0.8.0 table (whose per-GPU figures times GPUs give the published aggregate) it is that table's count,
+    and routing each token to k experts multiplies the MLP term by k."""
+    from benchmarks.published import MCORE_H100, mcore_plan, mcore_tflops
+    from benchmarks.published_mcore_moe import MCORE_MOE_H100, mcore_moe_plan, megatron_moe_tflops
+
+    for row in MCORE_H100:
+        assert megatron_moe_tflops(mcore_plan(row), 1.0) == pytest.approx(mcore_tflops(row, 1.0), rel=1e-9)
+    plan = mcore_moe_plan(MCORE_MOE_H100[0])
+    top1 = plan.model_copy(update={"model": plan.model.model_copy(update={"top_k": 1})})
+    m = plan.model
+    mlp_share = (m.moe_ffn_hidden / m.hidden * 1.5) / (
+        (1 + m.n_kv_heads / m.heads + m.seq_len / m.hidden) + 2 * m.moe_ffn_hidden / m.hidden * 1.5
+        + m.vocab / (2 * m.layers * m.hidden)
+    )  # fmt: skip
+    assert megatron_moe_tflops(top1, 1.0) / megatron_moe_tflops(plan, 1.0) == pytest.approx(1 - mlp_share, rel=1e-9)
