@@ -120,6 +120,10 @@ class DispatchKernel(Sourced):
     """Share of a rank's NIC bandwidth (the fabric tier's, efficiency applied) the RDMA stage sustains."""
     sms: PositiveInt
     """SMs the measurement gave the kernels (count)."""
+    intranode_GBps: PositiveFloat | None = None
+    """The NVLink rate where the whole expert-parallel group sits in one node (1e9 bytes/s, same count as
+    nvlink_GBps, at the same `sms`): the intranode kernels give every SM to NVLink copies, where the internode ones
+    share them with the RDMA stage; unset: nvlink_GBps."""
 
 
 class ComputeEfficiency(Sourced):

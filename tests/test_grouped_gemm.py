@@ -174,6 +174,28 @@ def test_a_dispatcher_on_more_sms_forwards_faster_and_holds_them_under_overlappe
     assert measured == pytest.approx(a2a - share * a2a + share * a2a * 24 / 132, rel=1e-12)
 
 
+def test_a_dispatcher_inside_one_node_runs_its_intranode_kernels() -> None:
+    """At EP8 inside one DGX H100 node a node-forwarding dispatcher (DeepEP's and HybridEP's intranode kernels) still
+    sends a token once to each rank holding any of its experts, with no RDMA stage, at the intranode rate its SMs
+    reach (DeepEP #16: 337 GB/s on 24 SMs where NVLink 4 allows it; the internode kernels' NVLink stage, sharing its
+    SMs with RDMA, 143); without that figure, at the internode NVLink stage's."""
+    top8 = ["model.experts=128", "model.top_k=8", "layout.dp=8", "layout.ep=8"]
+    plan, ctx, comms = _node_forwarding_comms(top8)
+    span = ctx.span("ep")
+    assert (span.size, span.nodes) == (8, 1)
+    kernel = ctx.cluster.compute.ep_dispatch
+    assert kernel is not None and kernel.intranode_GBps == 337
+    m = plan.model
+    moved = plan.layout.microbatch_size * m.seq_len * m.top_k * m.hidden * routed_load(m)
+    latency = (span.per_node - 1) * span.intra_latency_s
+    ranks = span.size * (1 - math.comb(112, 8) / math.comb(128, 8))  # 8 distinct experts of 128, 16 a rank
+    forward = ranks * moved * 2 / m.top_k
+    assert comms["node-forwarding"] == pytest.approx(2 * (latency + forward / 337e9), rel=1e-12)
+    assert comms["all-to-all"] == pytest.approx(2 * ctx.time("all_to_all", moved * 2, span), rel=1e-12)
+    _, _, internode_rate = _node_forwarding_comms([*top8, "cluster.compute.ep_dispatch.intranode_GBps=null"])
+    assert internode_rate["node-forwarding"] == pytest.approx(2 * (latency + forward / 143e9), rel=1e-12)
+
+
 def test_megatron_cores_passes_over_the_whole_gradient_buffer_cost_their_bytes_each_step() -> None:
     """core_v0.8.0's data-parallel wrapper zeroes the whole fp32 gradient buffer each step, takes each bucket's norm
     for the NaN check and scales it by 1/dp before the reduce-scatter: four passes over every parameter a rank

@@ -81,7 +81,7 @@ BOUNDS = {  # table: (mean |error|, worst |error|)
     # Qwen3 235B-A22B in fp8 (TP2 PP8 VP4 EP32, experts folded over tp and dp, the combined 1F1B) 5-9% pessimistic
     # (19-24% optimistic while the combined 1F1B hid every all-to-all its paired compute could); Qwen3 30B-A3B at PP1
     # EP16 (HybridEP on 32 SMs at the H100's measured dispatcher rates) 20-22% optimistic; 30B at PP2 VP12 EP8 with
-    # DeepEP and the combined 1F1B in 26.02 +137% (published at 57% of 26.04's throughput); gpt-oss-120b in bf16
+    # DeepEP and the combined 1F1B in 26.02 +138.5% (published at 57% of 26.04's throughput); gpt-oss-120b in bf16
     # (PP4 EP8, 16 experts a rank) 26-38% optimistic (benchmarks/published_mbridge_moe.py; README, Fidelity)
     "mbridge-h100-moe": (0.28, 1.40),
     # the same 30B shape in bf16, Megatron-Bridge's controlled comparisons: HybridEP with the overlap off +1.2% (the

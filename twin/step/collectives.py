@@ -207,12 +207,16 @@ def node_forwarded_time(
     (routed_reach), at the RDMA stage's share of the NIC, while the NVLink stage hands one copy to each rank holding
     any, its own included, at the kernel's NVLink rate scaled by the `sms` it runs on over those it was measured on
     (SM-driven copies), at most NCCL's NVLink bandwidth; the two stages pipeline, so the slower sets the time, and
-    each pays a message latency per peer it talks to: the other nodes' ranks on its rail, the node's other ranks."""
+    each pays a message latency per peer it talks to: the other nodes' ranks on its rail, the node's other ranks.
+    A group inside one node runs the intranode kernels, at their own measured rate where the accelerator has one
+    (DispatchKernel.intranode_GBps)."""
     n, m = span.size, span.per_node
     token = size / top_k
     ranks, nodes = routed_reach(n, span.nodes, top_k, experts, groups)
     wire = nodes * (1 - 1 / span.nodes) * token / (kernel.nic_fraction * span.inter_busbw_Bps / m)
-    forward = ranks * token / min(kernel.nvlink_GBps * 1e9 * sms / kernel.sms, span.intra_busbw_Bps)
+    inside = span.nodes == 1 and kernel.intranode_GBps is not None  # the intranode kernels: no RDMA stage
+    rate = (kernel.intranode_GBps if inside else kernel.nvlink_GBps) or kernel.nvlink_GBps
+    forward = ranks * token / min(rate * 1e9 * sms / kernel.sms, span.intra_busbw_Bps)
     latency = (span.nodes - 1) * span.latency_s + (m - 1) * span.intra_latency_s
     return latency + max(wire, forward)
 

@@ -14,6 +14,7 @@ stays exposed, and the GEMMs lose the SMs the collectives run on while they over
 
 from __future__ import annotations
 
+from plan.accelerator import DispatchKernel
 from twin.step import schedules
 from twin.step.collectives import all_to_all_time, node_forwarded_share, node_forwarded_time
 from twin.step.context import StepContext, shape_of
@@ -119,10 +120,10 @@ def layer_comm(ctx: StepContext, cost: PassCost, moe: bool, paired: bool = False
         moved = routed * m.top_k * m.hidden * routed_load(m)  # the busiest rank's share sets it
         span = ctx.span("ep")
         forwarding = forwards_between_nodes(ctx)
-        kernel = ctx.cluster.compute.ep_dispatch
+        kernel = dispatcher_kernels(ctx)
         groups = m.routing_groups
         sms = 0  # SMs the dispatcher's own kernels hold while they run
-        if forwarding and kernel is not None:  # the dispatcher's own kernels, at their measured rates
+        if kernel is not None:  # the dispatcher's own kernels at their measured rates, inside a node or across
             sms = ctx.stack.ep_dispatch_sms or kernel.sms
             a2a = sum(
                 node_forwarded_time(moved * width, span, m.top_k, kernel, sms, m.experts, groups)
@@ -163,6 +164,17 @@ def forwards_between_nodes(ctx: StepContext) -> bool:
     lay, stack = ctx.plan.layout, ctx.stack
     moe = ctx.plan.model.is_moe and lay.ep > 1
     return moe and stack.ep_dispatch == "node-forwarding" and ctx.span("ep").nodes > 1 and not ctx.options.free_comm
+
+
+def dispatcher_kernels(ctx: StepContext) -> DispatchKernel | None:
+    """The measured rates a node-forwarding dispatcher's own kernels run at (ComputeEfficiency.ep_dispatch), for an
+    MoE layer whose expert-parallel group spans nodes or sits inside one (DeepEP's and HybridEP's intranode kernels
+    also send a token once to each rank holding any of its experts); None where the stack sends every copy through
+    NCCL's all-to-all, the accelerator has no rates, or communication is free."""
+    lay, stack = ctx.plan.layout, ctx.stack
+    if not (ctx.plan.model.is_moe and lay.ep > 1) or stack.ep_dispatch != "node-forwarding" or ctx.options.free_comm:
+        return None
+    return ctx.cluster.compute.ep_dispatch
 
 
 def dispatch_substitute(ctx: StepContext) -> str | None:
