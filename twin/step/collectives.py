@@ -214,8 +214,9 @@ def node_forwarded_time(
     token = size / top_k
     ranks, nodes = routed_reach(n, span.nodes, top_k, experts, groups)
     wire = nodes * (1 - 1 / span.nodes) * token / (kernel.nic_fraction * span.inter_busbw_Bps / m)
-    inside = span.nodes == 1 and kernel.intranode_GBps is not None  # the intranode kernels: no RDMA stage
-    rate = (kernel.intranode_GBps if inside else kernel.nvlink_GBps) or kernel.nvlink_GBps
+    rate = kernel.nvlink_GBps
+    if span.nodes == 1 and kernel.intranode_GBps is not None:  # the intranode kernels: no RDMA stage
+        rate = kernel.intranode_GBps
     forward = ranks * token / min(rate * 1e9 * sms / kernel.sms, span.intra_busbw_Bps)
     latency = (span.nodes - 1) * span.latency_s + (m - 1) * span.intra_latency_s
     return latency + max(wire, forward)
