@@ -211,12 +211,24 @@ def mcore_plan(row: McoreRow, virtual: int | None = None) -> Plan:
     )
 
 
+def megatron_tflops(plan: Plan, step_s: float) -> float:
+    """Per-GPU TFLOP/s by Megatron-Core's own count (core_v0.9.0 training.py num_floating_point_operations, the same
+    as r0.8.0's for dense GPTs): 12·B·s·l·h²·[(1 + g/a + s/h)·q/h + (f/h)·k·glu + V/(2·l·h)], f the MLP's width (an
+    expert's, where the model routes) and k the experts a token is routed to (1 for a dense model), full (uncausal)
+    attention, no recompute."""
+    m, tr = plan.model, plan.training
+    s, h, layers = m.seq_len, m.hidden, m.layers
+    q = m.heads * m.d_head
+    ffn, routed = (m.moe_ffn_hidden or m.ffn_hidden, m.top_k) if m.experts else (m.ffn_hidden, 1)
+    glu = 1.5 if m.glu else 1.0
+    per_layer = (1 + m.n_kv_heads / m.heads + s / h) * q / h + ffn / h * routed * glu + m.vocab / (2 * layers * h)
+    flops = 12 * tr.global_batch * s * layers * h * h * per_layer
+    return flops / step_s / plan.layout.world_size / 1e12
+
+
 def mcore_tflops(row: McoreRow, step_s: float) -> float:
-    """Megatron-Core's per-GPU TFLOP/s (training.py num_floating_point_operations) for GPT rows: no recompute, full
-    (uncausal) attention, untied logits: 72·B·s·l·h²·(1 + s/6h + V/12lh)."""
-    s, h, lay, v = 4096, row.hidden, row.layers, 131072
-    flops = 72 * row.batch * s * lay * h**2 * (1 + s / (6 * h) + v / (12 * lay * h))
-    return flops / step_s / (row.tp * row.pp * row.dp) / 1e12
+    """Megatron-Core's per-GPU TFLOP/s for a row of its r0.8.0 H100 table (`megatron_tflops` of the row's plan)."""
+    return megatron_tflops(mcore_plan(row), step_s)
 
 
 # --- Megatron-LM A100 README table (Korthikanti et al. 2022), DP = 1 -------------------------------------------

@@ -43,8 +43,8 @@ from benchmarks.published import (
     korthikanti_plan,
     llama_plan,
     mcore_plan,
-    mcore_tflops,
     mcore_virtual_stages,
+    megatron_tflops,
     narayanan_plan,
     narayanan_tflops,
     vp_label,
@@ -67,7 +67,7 @@ from benchmarks.published_mbridge_moe import (
 )
 from benchmarks.published_mbridge_moe import SEQ as MBRIDGE_MOE_SEQ
 from benchmarks.published_mbridge_moe import SOURCE as MBRIDGE_MOE_SOURCE
-from benchmarks.published_mcore_moe import MCORE_MOE_H100, mcore_moe_plan, megatron_moe_tflops
+from benchmarks.published_mcore_moe import MCORE_MOE_H100, mcore_moe_plan
 from benchmarks.published_mcore_moe import SOURCE as MCORE_MOE_SOURCE
 from benchmarks.published_mpt import (
     MPT_A100,
@@ -152,7 +152,8 @@ def mcore_rows() -> list[Row]:
         step = predict(plan).step_time_s
         layout = f"TP{r.tp} PP{r.pp}" + vp_label(mcore_virtual_stages(r))
         what = f"GPT {r.name}, {r.tp * r.pp * r.dp:,} H100, {layout}: TFLOP/s per GPU"
-        out.append(_row(what, r.tflops, mcore_tflops(r, step), "Megatron-Core r0.8.0 README (f2e5db402c)", plan=plan))
+        source = "Megatron-Core r0.8.0 README (f2e5db402c)"
+        out.append(_row(what, r.tflops, megatron_tflops(plan, step), source, plan=plan))
     return out
 
 
@@ -299,7 +300,7 @@ def mcore_moe_rows() -> list[Row]:
         plan = mcore_moe_plan(r)
         step = predict(plan).step_time_s
         what = f"{r.model} bf16, {r.gpus} H100, TP{r.tp} PP{r.pp} EP{r.ep}{vp_label(r.virtual)}: TFLOP/s per GPU"
-        out.append(_row(what, r.tflops, megatron_moe_tflops(plan, step), MCORE_MOE_SOURCE, plan=plan))
+        out.append(_row(what, r.tflops, megatron_tflops(plan, step), MCORE_MOE_SOURCE, plan=plan))
     return out
 
 

@@ -6,7 +6,7 @@ Source: NVIDIA/Megatron-LM at c230e0d7c2 (2024-11-21, "Update MoE Doc"): megatro
 Mapping" table: Mixtral 8x7B dropless, all-to-all dispatcher, BF16, 64 GPUs, sequence 4,096, TP1 EP8 PP4 VP8,
 micro-batch 1, global batch 256; DGX H100 with 8x400 Gbit/s InfiniBand, the PyTorch 24.09 container with Transformer
 Engine 1.11) and README.md ("47% MFU during BF16 training for 8x7B on H100"). TFLOP/s by core_v0.9.0
-training.py num_floating_point_operations (`megatron_moe_tflops`).
+training.py num_floating_point_operations (`benchmarks.published.megatron_tflops`).
 
 VP 8 is read as eight virtual stages of one layer each (NeMo v2.1.0's mixtral_8x7b recipe, the same team's mapping:
 TP1 PP4 virtual_pipeline_parallelism 8 EP8), not as 8 layers per virtual stage: at 32 layers over PP4 that would be
@@ -86,17 +86,3 @@ def mcore_moe_plan(row: McoreMoeRow) -> Plan:
             "training": {"global_batch": row.batch, "tokens": 1e12, "dtype": "bf16"},
         }
     )
-
-
-def megatron_moe_tflops(plan: Plan, step_s: float) -> float:
-    """TFLOP/s per GPU by core_v0.9.0 training.py num_floating_point_operations: 12·B·s·l·h²·[(1 + g/a + s/h)·q/h +
-    (f/h)·k·glu + V/(2·l·h)], f the experts' width and k the experts a token is routed to, full (uncausal)
-    attention, no recompute."""
-    m, tr = plan.model, plan.training
-    s, h, layers = m.seq_len, m.hidden, m.layers
-    q = m.heads * m.d_head
-    ffn, routed = (m.moe_ffn_hidden or m.ffn_hidden, m.top_k) if m.experts else (m.ffn_hidden, 1)
-    glu = 1.5 if m.glu else 1.0
-    per_layer = (1 + m.n_kv_heads / m.heads + s / h) * q / h + ffn / h * routed * glu + m.vocab / (2 * layers * h)
-    flops = 12 * tr.global_batch * s * layers * h * h * per_layer
-    return flops / step_s / plan.layout.world_size / 1e12

@@ -335,15 +335,18 @@ def test_published_fidelity_file_is_what_the_tables_give_today(tables: dict[str,
                 assert mine[field] == pytest.approx(want[field], rel=1e-9, abs=1e-12), (stack, field)
 
 
-def test_megatron_moe_flop_count_is_the_dense_tables_count_on_its_rows() -> None:
-    """benchmarks/published_mcore_moe.py counts FLOPs from a plan as Megatron-Core 0.9 does; on the dense GPT rows
-    of the r0.8.0 table (whose per-GPU figures times GPUs give the published aggregate) it is that table's count,
-    and routing each token to k experts multiplies the MLP term by k."""
-    from benchmarks.published import MCORE_H100, mcore_plan, mcore_tflops
-    from benchmarks.published_mcore_moe import MCORE_MOE_H100, mcore_moe_plan, megatron_moe_tflops
+def test_megatron_flop_count_is_the_gpt_closed_form_and_counts_the_routed_experts() -> None:
+    """Megatron-Core's count from a plan (benchmarks.published.megatron_tflops): on the dense GPT rows of the r0.8.0
+    table (g = a, q = h, f = 4h, no GLU) it is ../shared/published/megatron-core-h100.md's closed form
+    72·B·s·l·h²·(1 + s/6h + V/12lh), and routing each token to k experts multiplies the MLP term by k."""
+    from benchmarks.published import MCORE_H100, mcore_plan, megatron_tflops
+    from benchmarks.published_mcore_moe import MCORE_MOE_H100, mcore_moe_plan
 
     for row in MCORE_H100:
-        assert megatron_moe_tflops(mcore_plan(row), 1.0) == pytest.approx(mcore_tflops(row, 1.0), rel=1e-9)
+        s, h, layers, vocab = 4096, row.hidden, row.layers, 131072
+        closed = 72 * row.batch * s * layers * h**2 * (1 + s / (6 * h) + vocab / (12 * layers * h))
+        gpus = row.tp * row.pp * row.dp
+        assert megatron_tflops(mcore_plan(row), 1.0) == pytest.approx(closed / gpus / 1e12, rel=1e-9)
     plan = mcore_moe_plan(MCORE_MOE_H100[0])
     top1 = plan.model_copy(update={"model": plan.model.model_copy(update={"top_k": 1})})
     m = plan.model
@@ -351,4 +354,4 @@ def test_megatron_moe_flop_count_is_the_dense_tables_count_on_its_rows() -> None
         (1 + m.n_kv_heads / m.heads + m.seq_len / m.hidden) + 2 * m.moe_ffn_hidden / m.hidden * 1.5
         + m.vocab / (2 * m.layers * m.hidden)
     )  # fmt: skip
-    assert megatron_moe_tflops(top1, 1.0) / megatron_moe_tflops(plan, 1.0) == pytest.approx(1 - mlp_share, rel=1e-9)
+    assert megatron_tflops(top1, 1.0) / megatron_tflops(plan, 1.0) == pytest.approx(1 - mlp_share, rel=1e-9)

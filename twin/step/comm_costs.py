@@ -157,13 +157,17 @@ def _paired_exposed(ctx: StepContext, a2a: float, compute: float, sms: int) -> f
     return a2a - hidden + _contention(ctx, hidden, sms)
 
 
+def _node_forwarding(ctx: StepContext) -> bool:
+    """Whether an MoE layer's expert-parallel dispatch runs a node-forwarding dispatcher's own kernels
+    (Stack.ep_dispatch node-forwarding, ep > 1); a free-communication what-if prices none."""
+    moe = ctx.plan.model.is_moe and ctx.plan.layout.ep > 1
+    return moe and ctx.stack.ep_dispatch == "node-forwarding" and not ctx.options.free_comm
+
+
 def forwards_between_nodes(ctx: StepContext) -> bool:
-    """Whether an MoE layer's dispatch forwards tokens node to node (Stack.ep_dispatch node-forwarding, over an
-    expert-parallel group that spans nodes) rather than sending each copy itself; a free-communication what-if
-    prices neither."""
-    lay, stack = ctx.plan.layout, ctx.stack
-    moe = ctx.plan.model.is_moe and lay.ep > 1
-    return moe and stack.ep_dispatch == "node-forwarding" and ctx.span("ep").nodes > 1 and not ctx.options.free_comm
+    """Whether an MoE layer's dispatch forwards tokens node to node (a node-forwarding dispatcher over an
+    expert-parallel group that spans nodes) rather than sending each copy itself."""
+    return _node_forwarding(ctx) and ctx.span("ep").nodes > 1
 
 
 def dispatcher_kernels(ctx: StepContext) -> DispatchKernel | None:
@@ -171,10 +175,7 @@ def dispatcher_kernels(ctx: StepContext) -> DispatchKernel | None:
     MoE layer whose expert-parallel group spans nodes or sits inside one (DeepEP's and HybridEP's intranode kernels
     also send a token once to each rank holding any of its experts); None where the stack sends every copy through
     NCCL's all-to-all, the accelerator has no rates, or communication is free."""
-    lay, stack = ctx.plan.layout, ctx.stack
-    if not (ctx.plan.model.is_moe and lay.ep > 1) or stack.ep_dispatch != "node-forwarding" or ctx.options.free_comm:
-        return None
-    return ctx.cluster.compute.ep_dispatch
+    return ctx.cluster.compute.ep_dispatch if _node_forwarding(ctx) else None
 
 
 def dispatch_substitute(ctx: StepContext) -> str | None:
