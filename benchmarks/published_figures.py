@@ -1,13 +1,15 @@
 """The twin against published figures, row by row, each in its source's own convention, worst rows first.
 
 Tables (benchmarks/published.py, published_nemotron.py, published_nemo2407.py, published_mbridge.py,
-published_mbridge_moe.py, published_deepseek.py, published_llama4.py, published_mcore_moe.py, published_mpt.py):
+published_mbridge_moe.py, published_deepseek.py, published_llama4.py, published_mcore_moe.py, published_mpt.py,
+published_automodel.py):
 nccl-tests bus bandwidth on one node; Narayanan et al. 2021 Table 1 (A100, TFLOP/s by the paper's formula);
 Megatron-Core r0.8.0's H100 table and its 0.9 Mixtral 8x7B headline (TFLOP/s by Megatron-Core's formula); the
 Megatron-LM A100 README table (MFU); Llama 3 405B Table 4 (MFU); NVIDIA's DGX Cloud recipes (step time, as
 throughput: Llama 3.1 and GPT-3, Grok-1, Nemotron-4, DeepSeek-V3, Llama 4 Maverick); NeMo's H100 fp8 performance
 summary, 24.07 and its Llama 2 7B rows from 4k to 1M tokens, and Megatron-Bridge's Llama 3 and Qwen3 MoE rows from
-25.11 to 26.06 under fp8 current scaling (tokens/s per GPU); MosaicML's MPT on A100 and H100 (bf16 and fp8)
+25.11 to 26.06 under fp8 current scaling (tokens/s per GPU); NeMo AutoModel's PyTorch-native bf16 runs (FSDP2,
+DeepEP: Qwen3 30B-A3B, Llama 3.1 70B, DeepSeek-V3; tokens/s per GPU); MosaicML's MPT on A100 and H100 (bf16 and fp8)
 under FSDP (tokens/s per GPU). Each row says its kind: `validation` (the twin was not built from that figure),
 `consistency` (a catalogue number was derived from the same published figure, so agreement only shows the arithmetic is
 consistent) or `fit` (the row is in the table an accelerator's one fitted constant was fitted on). Prints a table per
@@ -49,6 +51,8 @@ from benchmarks.published import (
     narayanan_tflops,
     vp_label,
 )
+from benchmarks.published_automodel import AUTOMODEL_H100, automodel_plan
+from benchmarks.published_automodel import SOURCE as AUTOMODEL_SOURCE
 from benchmarks.published_deepep import DEEPEP_ROWS, deepep_gbps
 from benchmarks.published_deepseek import DGXC_DEEPSEEK_H100, deepseek_plan
 from benchmarks.published_deepseek import SEQ as DEEPSEEK_SEQ
@@ -304,6 +308,19 @@ def mcore_moe_rows() -> list[Row]:
     return out
 
 
+def automodel_rows() -> list[Row]:
+    """NeMo AutoModel's DGX-H100 bf16 pre-training rows, FSDP2 with DeepEP and torch context parallelism, tokens/s
+    per GPU (benchmarks/published_automodel.py; no fit uses them)."""
+    out = []
+    for r in AUTOMODEL_H100:
+        plan = automodel_plan(r)
+        step = predict(plan).step_time_s
+        split = f"PP{r.pp} EP{r.ep}{vp_label(r.virtual)}" if r.pp > 1 else (f"CP{r.cp}" if r.cp > 1 else f"EP{r.ep}")
+        what = f"{r.model} bf16 (AutoModel), {r.gpus:,} H100, FSDP {split}: tokens/s per GPU"
+        out.append(_tokens_per_gpu_row(what, r.seq * r.batch / r.gpus, r.step_s, step, AUTOMODEL_SOURCE, plan=plan))
+    return out
+
+
 def mbridge_moe_rows() -> list[Row]:
     """Megatron-Bridge's DGX-H100 MoE rows, NeMo 25.11 to 26.06: Qwen3 in fp8 current scaling, gpt-oss-120b in bf16,
     tokens per second per GPU (benchmarks/published_mbridge_moe.py; no fit uses them)."""
@@ -419,6 +436,7 @@ TABLES: dict[str, Callable[[], list[Row]]] = {
     "dgxc-h100-deepseek": deepseek_rows,
     "dgxc-h100-llama4": llama4_rows,
     "mcore-moe-h100": mcore_moe_rows,
+    "automodel-h100": automodel_rows,
     "nemo-24.07-h100": nemo2407_rows,
     "nemo-long-seq-h100": nemo_long_rows,
     "mbridge-h100": mbridge_rows,

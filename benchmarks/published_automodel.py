@@ -1,0 +1,150 @@
+"""A validation table nothing was built or fitted on: NeMo AutoModel's DGX-H100 bf16 pre-training benchmarks, the
+PyTorch-native stack (FSDP2, DeepEP expert parallelism, torch context parallelism) on the same hardware as the
+Megatron tables.
+
+Source: NVIDIA-NeMo/Automodel docs/performance-summary.md ("System: DGX-H100, Precision: BF16"; "Time per Global
+Step (s)"), each row's configuration read from the commit that published it:
+
+- Qwen3 MoE 30B, 8 GPUs: 21.773 s a step (12,040 tokens/s/GPU) at 8d9bfb90e (2025-10-08, which re-ran it after
+  89e3a9fdd's 22.14 s), examples/benchmark/configs/qwen3_moe_30b_te_deepep.yaml: global batch 512, local batch 4
+  (micro-batch 4, 16 accumulation steps), sequence 4,096, EP8 over the node, FSDP over the same 8 ranks for
+  everything but the experts, TE attention / linear / RMSNorm, DeepEP, the fake balanced gate, activation
+  checkpointing on. The yaml spells one backend key `enable_fsdp_optimization` where BackendConfig's field is
+  `enable_fsdp_optimizations` (fixed later in a6d88dd39), so the published run did not use the file verbatim and
+  whether it skipped the gradient sync of 15 of 16 microbatches is not known; the twin syncs every microbatch, which
+  inside one node hides under the backward either way (about 1.5B FSDP-held parameters).
+- Llama 3.1 70B, 64 GPUs: 18.90 s (866.77 tokens/s/GPU) at 2013a4dd6 (2026-04-10), examples/llm_pretrain/
+  custom_llama3_1_70b_pretrain_benchmark_8nodes.yaml: global batch 128, local batch 1 (4 accumulation steps),
+  sequence 8,192, CP2 x FSDP32, Automodel's own Llama (separate q, k, v projections), attn_implementation sdpa,
+  rms_norm torch_fp32, per-layer torch.compile with activation checkpointing inside each layer, FSDP2 prefetch,
+  defer_fsdp_grad_sync False (every microbatch reduce-scattered), Transformer Engine's FusedAdam, the loss with its
+  default fp32 upcast.
+
+How the rows run, as the twin holds them: the `automodel` stack (plan/presets/stacks/automodel.yaml) for the MoE
+row; for the Llama row the same stack with what its config changes (`LLAMA_OVERRIDES`); FSDP as ZeRO-3, the
+checkpointing as full recompute, the cluster `dgx-h100-superpod`.
+
+The fake balanced gate (nemo_automodel/components/moe/layers.py FakeBalancedGate, "to simulate ideal expert
+routing") sends token t to experts top_k·t ... top_k·t + top_k - 1 (mod experts): every token's experts are one run
+of top_k consecutive experts, so they sit on one rank where a rank holds at least top_k of them (Qwen3 at EP8: 16
+a rank). That is group-limited routing with groups of top_k experts and one group a token (`FAKE_GATE`), which the
+twin's dispatch already prices (routed_reach): one copy of a token leaves its rank, where a router picking top_k of
+128 experts at random reaches 5.3 of the 8 ranks.
+
+Left out, with reasons: DeepSeek V3 and Kimi K2 (interleaved pipelines of torch.distributed.pipelining over stages
+of two layers, whose split of 61 layers and the embedding into 32 stages the twin's layout does not express yet),
+GPT-OSS 20B and 120B (FlexAttention with attention sinks over alternating sliding windows: no kernel-level figure for
+it on H100), the Nemotron V3 rows (Mamba layers).
+
+Run as part of benchmarks/published_figures.py.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from benchmarks.published import _cluster, _layout
+from plan import loader
+from plan.schema import Plan
+from twin import api
+
+SOURCE = "NVIDIA-NeMo/Automodel docs/performance-summary.md at 8d9bfb90e and 2013a4dd6 (DGX-H100, BF16)"
+
+
+@dataclass(frozen=True)
+class AutomodelRow:
+    model: str
+    gpus: int
+    seq: int
+    batch: int
+    """Global batch (sequences a step)."""
+    microbatch: int
+    cp: int
+    ep: int
+    step_s: float
+    """Published seconds per global step."""
+    pp: int = 1
+    virtual: int = 1
+    """Model chunks a pipeline rank holds (the table's VP)."""
+
+
+AUTOMODEL_H100 = (
+    AutomodelRow("qwen3-30b-a3b", 8, 4096, 512, 4, 1, 8, 21.773),
+    AutomodelRow("llama3-70b", 64, 8192, 128, 1, 2, 1, 18.90),
+    AutomodelRow("deepseek-v3", 256, 4096, 512, 1, 1, 64, 8.18, pp=4, virtual=8),
+    AutomodelRow("deepseek-v3", 1024, 4096, 8192, 1, 1, 64, 37.87, pp=4, virtual=8),
+)
+
+
+def automodel_stages(layers: int, stages: int) -> tuple[int, ...]:
+    """torch.distributed.pipelining stages as Automodel cuts a model (components/distributed/pipelining/
+    functional.py generate_hf_model_fqn_per_model_part): layers // stages each, the first layers % stages one more;
+    the embedding rides with the first stage, the norm and output head with the last."""
+    base, extra = divmod(layers, stages)
+    return tuple(base + (i < extra) for i in range(stages))
+
+
+def fake_gate(model: dict[str, Any]) -> dict[str, Any]:
+    """FakeBalancedGate as group-limited routing: groups of top_k consecutive experts, one group a token."""
+    return {"expert_groups": model["experts"] // model["top_k"], "group_top_k": 1}
+
+
+LLAMA_OVERRIDES: dict[str, Any] = {
+    "layer": [
+        # rms_norm torch_fp32 and the rest of the decoder layer under per-layer torch.compile: Inductor fuses each
+        # norm (fp32 inside, bf16 out), the rotary embedding of q and k, and the SwiGLU product into one kernel each
+        {"name": "compiled_rms_norm", "reads": {"h_sp": 1}, "writes": {"h_sp": 1}, "backward": 1.5,
+         "recomputed": False},
+        {"name": "q_k_v_linear", "gemm": "qkv"},
+        {"name": "compiled_rope", "reads": {"qk": 1}, "writes": {"qk": 1}, "backward": 1.0, "recomputed": False},
+        {"name": "sdpa_flash", "attention": "flash"},
+        {"name": "o_proj_linear", "gemm": "proj"},
+        {"name": "residual_add", "reads": {"h_sp": 2}, "writes": {"h_sp": 1}, "backward": 1.0, "recomputed": False},
+        {"name": "compiled_rms_norm", "reads": {"h_sp": 1}, "writes": {"h_sp": 1}, "backward": 1.5,
+         "recomputed": False},
+        {"name": "gate_up_linear", "gemm": "fc1"},
+        {"name": "compiled_swiglu", "reads": {"ffn_in": 1}, "writes": {"ffn": 1}, "backward": 1.67,
+         "recomputed": False},
+        {"name": "down_linear", "gemm": "fc2"},
+        {"name": "residual_add", "reads": {"h_sp": 2}, "writes": {"h_sp": 1}, "backward": 1.0, "recomputed": False},
+    ],
+    # scaled_dot_product_attention's flash backend (FlashAttention-2), under torch's context_parallel
+    "attention_kernel": "fa2",
+    "head_kernels": [
+        # MaskedCrossEntropy's default fp32_upcast: logits.float(), then F.cross_entropy's log_softmax and nll_loss
+        # in fp32; backward, nll's scatter, log_softmax's backward and the cast back (logits in 2-byte units)
+        {"name": "logits_float", "reads": {"logits": 1}, "writes": {"logits": 2}, "backward": 1.0},
+        {"name": "log_softmax_nll", "reads": {"logits": 2}, "writes": {"logits": 2}, "kernels": 2, "backward": 2.0,
+         "backward_kernels": 2},
+    ],
+    "grad_reduce_dtype": "bf16",  # FSDP2Config's default MixedPrecisionPolicy (reduce_dtype bf16)
+    "fused_optimizer": True,  # transformer_engine.pytorch.optimizers.FusedAdam
+    "wgrad_accumulation_fusion": True,  # every microbatch's gradient is reduce-scattered, not added to a held one
+}  # fmt: skip
+"""What the Llama 3.1 70B configuration runs beyond the `automodel` stack (2013a4dd6: components/models/llama/
+model.py, components/distributed/config.py FSDP2Config, loss/masked_ce.py, the yaml)."""
+
+
+def automodel_plan(row: AutomodelRow) -> Plan:
+    """The row as its configuration runs it: FSDP over every rank of a context-parallel group's replicas (ZeRO-3),
+    whole-layer activation checkpointing, no tensor or pipeline parallelism."""
+    model = loader.expand_model({"model": row.model}, row.model)["model"]
+    model = {**model, "seq_len": row.seq} | (fake_gate(model) if model.get("experts") else {})
+    if model.get("mtp_layers"):
+        model["mtp_layers"] = 0  # Automodel's DeepseekV3ForCausalLM trains no multi-token-prediction module
+    dp = row.gpus // (row.cp * row.pp)
+    stages = {"stage_layers": automodel_stages(model["layers"], row.pp * row.virtual)} if row.pp > 1 else {}
+    layout = _layout(1, row.pp, dp, row.microbatch, row.virtual, cp=row.cp, ep=row.ep, zero=3, recompute="full",
+                     fused_projections=False, cp_algorithm="all-gather", **stages)  # fmt: skip
+    overrides = {} if model.get("experts") else LLAMA_OVERRIDES
+    return api.load_plan(
+        {
+            "name": f"automodel-{row.model}-{row.gpus}",
+            "model": model,
+            "cluster": _cluster("dgx-h100-superpod", row.gpus, 16384),
+            "stack": {"name": "automodel", "overrides": overrides},
+            "layout": layout,
+            "training": {"global_batch": row.batch, "tokens": 1e12, "dtype": "bf16"},
+        }
+    )
