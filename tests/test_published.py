@@ -67,6 +67,12 @@ BOUNDS = {  # table: (mean |error|, worst |error|)
     # in bf16 at TP1 PP4 EP8 VP8, +3.1% (dropless with routing left to the auxiliary loss, which the twin prices
     # even) (benchmarks/published_mcore_moe.py; README, Fidelity)
     "mcore-moe-h100": (0.04, 0.04),
+    # misses the target on DeepSeek-V3 only: NeMo AutoModel's PyTorch-native runs (FSDP2, DeepEP, torch CP) on the
+    # `automodel` stack, routed by the benchmarks' fake balanced gate (group-limited routing, one group of top_k
+    # consecutive experts a token): Qwen3 30B-A3B on 8 GPUs +0.2%, Llama 3.1 70B on 64 +3.1%, DeepSeek-V3 PP4 VP8
+    # EP64 on 256 +15.2% and on 1,024 +39.2%, whose 4 accumulation steps are 4 pipeline schedules a plan cannot state
+    # (benchmarks/published_automodel.py; README, Fidelity)
+    "automodel-h100": (0.15, 0.40),
     # validation on earlier releases, fp8, FlashAttention-2 as the launcher of the time ran it (NVTE_FUSED_ATTN=0):
     # NeMo 24.07's 11 rows, GPT-3 5B to Nemotron-4 340B (the page's revisions move rows by up to 6%), and NeMo
     # 24.03.01's Llama 2 7B from 4k to 1M tokens, context-parallel up to 32 (benchmarks/published_nemo2407.py)
