@@ -41,8 +41,9 @@ twin's dispatch already prices (routed_reach): one copy of a token leaves its ra
 What the twin does not express, each leaning the DeepSeek rows optimistic: at 1,024 GPUs the 4 accumulation steps
 are 4 runs of the pipeline schedule, each with its own fill and drain over 8 microbatches (the twin runs one
 schedule of 32: about 1 s of bubble a step missing, 3% of it), and the gradient sync once a schedule run rather than
-once a step. Both DeepSeek rows are 20% and more optimistic, as NVIDIA's own DeepSeek-V3 recipe rows are on the same
-preset (dgxc-h100-deepseek, +17% and +22%): a cost of this model on H100 that neither stack's pricing holds. The
+once a step. Both DeepSeek rows are 15% and more optimistic, as NVIDIA's own DeepSeek-V3 recipe rows are on the same
+preset (dgxc-h100-deepseek, +17% and +22%), while DeepSeek's own pre-training reads -1.4% on it (deepseek-v3-report):
+what these stacks lose on this model is not priced yet, more likely in how they run it than in its shapes. The
 published 1,024-GPU row runs 14% slower a GPU than the 256-GPU one, where the twin runs it 4% faster (a smaller
 bubble over more microbatches): the per-schedule costs above are part of that, not all (about 1 s of 26).
 

@@ -2,15 +2,16 @@
 
 Tables (benchmarks/published.py, published_nemotron.py, published_nemo2407.py, published_mbridge.py,
 published_mbridge_moe.py, published_deepseek.py, published_llama4.py, published_mcore_moe.py, published_mpt.py,
-published_automodel.py):
+published_automodel.py, published_deepseek_report.py):
 nccl-tests bus bandwidth on one node; Narayanan et al. 2021 Table 1 (A100, TFLOP/s by the paper's formula);
 Megatron-Core r0.8.0's H100 table and its 0.9 Mixtral 8x7B headline (TFLOP/s by Megatron-Core's formula); the
 Megatron-LM A100 README table (MFU); Llama 3 405B Table 4 (MFU); NVIDIA's DGX Cloud recipes (step time, as
 throughput: Llama 3.1 and GPT-3, Grok-1, Nemotron-4, DeepSeek-V3, Llama 4 Maverick); NeMo's H100 fp8 performance
 summary, 24.07 and its Llama 2 7B rows from 4k to 1M tokens, and Megatron-Bridge's Llama 3 and Qwen3 MoE rows from
 25.11 to 26.06 under fp8 current scaling (tokens/s per GPU); NeMo AutoModel's PyTorch-native bf16 runs (FSDP2,
-DeepEP: Qwen3 30B-A3B, Llama 3.1 70B, DeepSeek-V3; tokens/s per GPU); MosaicML's MPT on A100 and H100 (bf16 and fp8)
-under FSDP (tokens/s per GPU). Each row says its kind: `validation` (the twin was not built from that figure),
+DeepEP: Qwen3 30B-A3B, Llama 3.1 70B, DeepSeek-V3; tokens/s per GPU); DeepSeek-V3's own pre-training time against
+a simulated whole run (tokens/s per GPU over the run); MosaicML's MPT on A100 and H100 (bf16 and fp8) under FSDP
+(tokens/s per GPU). Each row says its kind: `validation` (the twin was not built from that figure),
 `consistency` (a catalogue number was derived from the same published figure, so agreement only shows the arithmetic is
 consistent) or `fit` (the row is in the table an accelerator's one fitted constant was fitted on). Prints a table per
 source with mean and worst absolute error (and, beside a fit, the rows left out of it) and writes
@@ -57,6 +58,9 @@ from benchmarks.published_deepep import DEEPEP_ROWS, deepep_gbps
 from benchmarks.published_deepseek import DGXC_DEEPSEEK_H100, deepseek_plan
 from benchmarks.published_deepseek import SEQ as DEEPSEEK_SEQ
 from benchmarks.published_deepseek import SOURCE as DEEPSEEK_SOURCE
+from benchmarks.published_deepseek_report import PLAN as DEEPSEEK_REPORT_PLAN
+from benchmarks.published_deepseek_report import SOURCE as DEEPSEEK_REPORT_SOURCE
+from benchmarks.published_deepseek_report import predicted_tokens_per_gpu_s, published_tokens_per_gpu_s
 from benchmarks.published_llama4 import DGXC_LLAMA4_H100, llama4_plan
 from benchmarks.published_llama4 import SEQ as LLAMA4_SEQ
 from benchmarks.published_llama4 import SOURCE as LLAMA4_SOURCE
@@ -94,6 +98,7 @@ from benchmarks.published_nemotron import NEMOTRON_H100, SOURCE, nemotron_plan
 from plan.loader import load_cluster
 from plan.loader import plan_cluster as load_plan_cluster
 from plan.schema import Plan
+from twin import api
 from twin.cli.fidelity_cmd import groups_table
 from twin.fidelity import FILE as FIDELITY_FILE
 from twin.fidelity import Fidelity, plan_class, summarise
@@ -308,6 +313,16 @@ def mcore_moe_rows() -> list[Row]:
     return out
 
 
+def deepseek_report_rows() -> list[Row]:
+    """DeepSeek-V3's own pre-training time (its report's 2,664K H800 GPU hours for 14.8T tokens) against the twin's
+    whole-run simulation of the `deepseek-v3-2k` plan, failures included (benchmarks/published_deepseek_report.py;
+    no fit uses it)."""
+    what = "DeepSeek-V3 pre-training, 14.8T tokens on 2,048 H800, whole run: tokens/s per GPU"
+    plan = api.load_plan(DEEPSEEK_REPORT_PLAN)
+    published = published_tokens_per_gpu_s()
+    return [_row(what, published, predicted_tokens_per_gpu_s(), DEEPSEEK_REPORT_SOURCE, plan=plan)]
+
+
 def automodel_rows() -> list[Row]:
     """NeMo AutoModel's DGX-H100 bf16 pre-training rows, FSDP2 with DeepEP and torch context parallelism, tokens/s
     per GPU (benchmarks/published_automodel.py; no fit uses them)."""
@@ -437,6 +452,7 @@ TABLES: dict[str, Callable[[], list[Row]]] = {
     "dgxc-h100-llama4": llama4_rows,
     "mcore-moe-h100": mcore_moe_rows,
     "automodel-h100": automodel_rows,
+    "deepseek-v3-report": deepseek_report_rows,
     "nemo-24.07-h100": nemo2407_rows,
     "nemo-long-seq-h100": nemo_long_rows,
     "mbridge-h100": mbridge_rows,
