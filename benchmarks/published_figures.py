@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -187,19 +187,42 @@ def llama_rows() -> list[Row]:
     return out
 
 
+def _step_time_rows(
+    rows: Iterable[Any],
+    plan_of: Callable[[Any], Plan],
+    what: Callable[[Any], str],
+    tokens_per_gpu: Callable[[Any], float],
+    source: str,
+    kind: Callable[[Any], str] = lambda _: "validation",
+) -> list[Row]:
+    """Rows whose published figure is a step time (each row's `step_s`), as throughput errors against the predicted
+    step of the row's plan: `what` labels a row, `tokens_per_gpu` gives the tokens one GPU takes a step."""
+    out = []
+    for r in rows:
+        plan = plan_of(r)
+        step = predict(plan).step_time_s
+        out.append(_tokens_per_gpu_row(what(r), tokens_per_gpu(r), r.step_s, step, source, kind(r), plan))
+    return out
+
+
+def _seq_batch_per_gpu(r: Any) -> float:
+    """Tokens a GPU takes a step where the row carries its sequence, global batch and GPUs."""
+    return float(r.seq * r.batch / r.gpus)
+
+
 def dgxc_rows() -> list[Row]:
     """Step times of NVIDIA's DGX Cloud recipes as throughput errors (published step / predicted step − 1). The
     bf16 rows are where the H100's in-training fraction was fitted (kind `fit`); the fp8 rows were left out."""
-    out = []
-    for r in DGXC_H100:
-        plan = dgxc_plan(r)
-        step = predict(plan).step_time_s
-        tp = f"TP{r.tp} PP{r.pp} CP{r.cp}" + vp_label(r.virtual)
-        what = f"{r.model} {r.dtype}, {r.gpus:,} H100, {tp}: tokens/s per GPU"
-        kind = "fit" if r.dtype == "bf16" else "validation"
-        source = "NVIDIA/dgxc-benchmarking v25.02 (NeMo 24.12)"
-        out.append(_tokens_per_gpu_row(what, r.seq * r.batch / r.gpus, r.step_s, step, source, kind, plan))
-    return out
+    return _step_time_rows(
+        DGXC_H100,
+        dgxc_plan,
+        lambda r: (
+            f"{r.model} {r.dtype}, {r.gpus:,} H100, TP{r.tp} PP{r.pp} CP{r.cp}{vp_label(r.virtual)}: tokens/s per GPU"
+        ),
+        _seq_batch_per_gpu,
+        "NVIDIA/dgxc-benchmarking v25.02 (NeMo 24.12)",
+        lambda r: "fit" if r.dtype == "bf16" else "validation",
+    )
 
 
 def grok_rows() -> list[Row]:
@@ -219,14 +242,16 @@ def grok_rows() -> list[Row]:
 def nemotron_rows() -> list[Row]:
     """Nemotron-4 15B and 340B step times of the same recipes release at every published GPU count, bf16 and fp8
     (benchmarks/published_nemotron.py; no fit uses them)."""
-    out = []
-    for r in NEMOTRON_H100:
-        plan = nemotron_plan(r)
-        step = predict(plan).step_time_s
-        layout = f"TP{r.tp} PP{r.pp} CP{r.cp}" + (" VP12" if r.pp > 1 else "")
-        what = f"{r.model} {r.dtype}, {r.gpus:,} H100, {layout}: tokens/s per GPU"
-        out.append(_tokens_per_gpu_row(what, 4096 * r.batch / r.gpus, r.step_s, step, SOURCE, plan=plan))
-    return out
+    return _step_time_rows(
+        NEMOTRON_H100,
+        nemotron_plan,
+        lambda r: (
+            f"{r.model} {r.dtype}, {r.gpus:,} H100, TP{r.tp} PP{r.pp} CP{r.cp}{' VP12' if r.pp > 1 else ''}: "
+            "tokens/s per GPU"
+        ),
+        lambda r: 4096 * r.batch / r.gpus,
+        SOURCE,
+    )
 
 
 def nemo2407_rows() -> list[Row]:
@@ -277,28 +302,28 @@ def _release_rows(
 def deepseek_rows() -> list[Row]:
     """DeepSeek-V3 671B in bf16 on DGX H100, expert parallelism folded over tp and dp (benchmarks/published_deepseek.py;
     no fit uses them)."""
-    out = []
-    for r in DGXC_DEEPSEEK_H100:
-        plan = deepseek_plan(r)
-        step = predict(plan).step_time_s
-        what = f"deepseek-v3 bf16, {r.gpus:,} H100, TP{r.tp} PP{r.pp} EP{r.ep} (expert TP1): tokens/s per GPU"
-        published = DEEPSEEK_SEQ * r.batch / r.gpus
-        out.append(_tokens_per_gpu_row(what, published, r.step_s, step, DEEPSEEK_SOURCE, plan=plan))
-    return out
+    return _step_time_rows(
+        DGXC_DEEPSEEK_H100,
+        deepseek_plan,
+        lambda r: f"deepseek-v3 bf16, {r.gpus:,} H100, TP{r.tp} PP{r.pp} EP{r.ep} (expert TP1): tokens/s per GPU",
+        lambda r: DEEPSEEK_SEQ * r.batch / r.gpus,
+        DEEPSEEK_SOURCE,
+    )
 
 
 def llama4_rows() -> list[Row]:
     """Llama 4 Maverick in bf16 and fp8 on 512 DGX H100, dense and MoE layers alternating, the experts folded over
     every rank (benchmarks/published_llama4.py; no fit uses them)."""
-    out = []
-    for r in DGXC_LLAMA4_H100:
-        plan = llama4_plan(r)
-        step = predict(plan).step_time_s
-        what = (f"llama4-maverick {r.dtype}, {r.gpus:,} H100, TP{r.tp} PP1 EP{r.ep} (expert TP{r.expert_tp}): "
-                "tokens/s per GPU")  # fmt: skip
-        published = LLAMA4_SEQ * r.batch / r.gpus
-        out.append(_tokens_per_gpu_row(what, published, r.step_s, step, LLAMA4_SOURCE, plan=plan))
-    return out
+    return _step_time_rows(
+        DGXC_LLAMA4_H100,
+        llama4_plan,
+        lambda r: (
+            f"llama4-maverick {r.dtype}, {r.gpus:,} H100, TP{r.tp} PP1 EP{r.ep} (expert TP{r.expert_tp}): "
+            "tokens/s per GPU"
+        ),
+        lambda r: LLAMA4_SEQ * r.batch / r.gpus,
+        LLAMA4_SOURCE,
+    )
 
 
 def mcore_moe_rows() -> list[Row]:
@@ -326,14 +351,12 @@ def deepseek_report_rows() -> list[Row]:
 def automodel_rows() -> list[Row]:
     """NeMo AutoModel's DGX-H100 bf16 pre-training rows, FSDP2 with DeepEP and torch context parallelism, tokens/s
     per GPU (benchmarks/published_automodel.py; no fit uses them)."""
-    out = []
-    for r in AUTOMODEL_H100:
-        plan = automodel_plan(r)
-        step = predict(plan).step_time_s
+
+    def what(r: Any) -> str:
         split = f"PP{r.pp} EP{r.ep}{vp_label(r.virtual)}" if r.pp > 1 else (f"CP{r.cp}" if r.cp > 1 else f"EP{r.ep}")
-        what = f"{r.model} bf16 (AutoModel), {r.gpus:,} H100, FSDP {split}: tokens/s per GPU"
-        out.append(_tokens_per_gpu_row(what, r.seq * r.batch / r.gpus, r.step_s, step, AUTOMODEL_SOURCE, plan=plan))
-    return out
+        return f"{r.model} bf16 (AutoModel), {r.gpus:,} H100, FSDP {split}: tokens/s per GPU"
+
+    return _step_time_rows(AUTOMODEL_H100, automodel_plan, what, _seq_batch_per_gpu, AUTOMODEL_SOURCE)
 
 
 def mbridge_moe_rows() -> list[Row]:
