@@ -60,6 +60,8 @@ def test_groups_hold_validation_rows_only_and_the_worst_group_comes_first() -> N
     group = fidelity.Fidelity.from_json(d)
     assert group.describe("megatron-core-0.8").endswith("on megatron-core-0.8: 2 runs, mean |error| 2.5%, worst +4.0%")
     assert group.describe("executor") == group.describe()  # a stack no row ran adds nothing
+    single = fidelity.Fidelity.from_json({**d, "stacks": {**d["stacks"], "llama3": {**mcore, "rows": 1}}})
+    assert "; on llama3: 1 run, mean |error| 2.5%" in single.describe("llama3")
     one = fidelity.Fidelity.from_json(moe)
     assert one.describe("nemo-24.12") == one.describe()  # one stack: the group's record is its own
 

@@ -83,10 +83,8 @@ class Fidelity:
         own = self.stacks.get(stack or "")
         if own is None or len(self.stacks) < 2:
             return line
-        return (
-            f"{line}; on {stack}: {own['rows']} runs, mean |error| {own['mean_abs_error']:.1%}, worst "
-            f"{own['worst_error']:+.1%}"
-        )
+        runs = "1 run" if own["rows"] == 1 else f"{own['rows']} runs"
+        return f"{line}; on {stack}: {runs}, mean |error| {own['mean_abs_error']:.1%}, worst {own['worst_error']:+.1%}"
 
     def to_json(self) -> dict[str, Any]:
         return {**asdict(self), "tables": list(self.tables)}
