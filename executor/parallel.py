@@ -53,6 +53,12 @@ class LayoutError(ValueError):
 def check_supported(plan: Plan) -> None:
     """Reject what the executor does not implement, before any process group exists."""
     m, lay = plan.model, plan.layout
+    if lay.schedule_runs > 1:
+        raise LayoutError(
+            f"layout.schedule_runs: {lay.schedule_runs}: running the pipeline schedule several times a step (gradient "
+            "accumulation outside it) is a twin-only layout; the executor runs every microbatch in one schedule "
+            "(set schedule_runs: 1)"
+        )
     if lay.tp > m.n_kv_heads:
         raise LayoutError(
             f"layout.tp: {lay.tp} exceeds model.kv_heads={m.n_kv_heads}; the executor splits kv heads and does not "

@@ -87,6 +87,12 @@ class Layout(UserSection):
     """Pipeline schedule."""
     virtual_stages: PositiveInt = 1
     """Model chunks per pipeline rank (count): 1 for gpipe/1f1b/zb-h1, >=2 for interleaved, 2 for zbv/dualpipe-v."""
+    schedule_runs: PositiveInt = 1
+    """Times one optimizer step runs the pipeline schedule, each run over num_microbatches / schedule_runs
+    microbatches with its own fill and drain and its own gradient reduction (count): gradient accumulation outside
+    the schedule, as PyTorch-native trainers accumulate (torch.distributed.pipelining's schedule.step once per local
+    batch, reducing at its last backward: NeMo AutoModel's local batches, torchtitan's accumulation steps). 1: every
+    microbatch in one schedule and one reduction (Megatron). Twin-only: the executor runs one schedule a step."""
     stage_layers: tuple[NonNegativeInt, ...] | None = None
     """Layers of each of the pp·virtual_stages stages, in model order; default splits as `stage_layer_counts`. A
     stage may hold none (Llama 3 §3.3.2: the first chunk only the embedding, the last only the output head)."""
@@ -285,22 +291,29 @@ class Plan(UserSection):
                 f"training.global_batch: {tr.global_batch} is not a multiple of dp·microbatch_size={per_step}; "
                 f"use e.g. {max(1, round(tr.global_batch / per_step)) * per_step}"
             )
-        if lay.schedule == "interleaved-1f1b" and self.num_microbatches % lay.pp:
+        if self.num_microbatches % lay.schedule_runs:
             raise ValueError(
-                f"training.global_batch: interleaved-1f1b needs microbatches per replica ({self.num_microbatches}) "
-                f"to be a multiple of pp={lay.pp} (Narayanan et al. 2021); change global_batch or microbatch_size"
+                f"layout.schedule_runs: {lay.schedule_runs} does not divide the {self.num_microbatches} microbatches "
+                "per replica; use a divisor of them, or change global_batch or microbatch_size"
             )
-        rounds = max(1, self.num_microbatches // lay.pp)
-        if lay.schedule == "zb-h1" and self.num_microbatches % rounds:
+        per_run = self.schedule_microbatches
+        if lay.schedule == "interleaved-1f1b" and per_run % lay.pp:
+            raise ValueError(
+                f"training.global_batch: interleaved-1f1b needs microbatches per schedule run ({per_run}) to be a "
+                f"multiple of pp={lay.pp} (Narayanan et al. 2021); change global_batch, microbatch_size or "
+                "schedule_runs"
+            )
+        rounds = max(1, per_run // lay.pp)
+        if lay.schedule == "zb-h1" and per_run % rounds:
             raise ValueError(
                 f"training.global_batch: zb-h1 runs as torch's ScheduleInterleavedZeroBubble, which needs the "
-                f"{self.num_microbatches} microbatches per replica to split into {rounds} equal rounds; use a "
-                f"multiple of pp={lay.pp}"
+                f"{per_run} microbatches per schedule run to split into {rounds} equal rounds; use a multiple of "
+                f"pp={lay.pp}"
             )
-        if lay.schedule in ("zbv", "dualpipe-v") and self.num_microbatches < 2 * lay.pp:
+        if lay.schedule in ("zbv", "dualpipe-v") and per_run < 2 * lay.pp:
             raise ValueError(
-                f"training.global_batch: {lay.schedule} needs at least 2·pp={2 * lay.pp} microbatches per replica, "
-                f"has {self.num_microbatches}; raise global_batch or lower microbatch_size"
+                f"training.global_batch: {lay.schedule} needs at least 2·pp={2 * lay.pp} microbatches per schedule "
+                f"run, has {per_run}; raise global_batch, lower microbatch_size or schedule_runs"
             )
         return self
 
@@ -308,6 +321,11 @@ class Plan(UserSection):
     def num_microbatches(self) -> int:
         """Microbatches each replica runs per step: global_batch / (dp · microbatch_size)."""
         return self.training.global_batch // (self.layout.dp * self.layout.microbatch_size)
+
+    @property
+    def schedule_microbatches(self) -> int:
+        """Microbatches each run of the pipeline schedule takes: num_microbatches / layout.schedule_runs."""
+        return self.num_microbatches // self.layout.schedule_runs
 
     @property
     def tokens_per_step(self) -> int:

@@ -364,3 +364,43 @@ def test_a_post_backward_prefetch_waits_for_every_layers_gather() -> None:
     assert exposed["pre"][1] == pytest.approx(max(0.0, gather + scatter - backward), rel=1e-12)
     assert exposed["post"][1] > exposed["pre"][1]
     assert exposed["post"][0] == exposed["pre"][0]
+
+
+def _runs_plan(runs: int, batch: int) -> object:
+    """GPT-3 175B on 256 H100 at TP8 PP4 (1F1B), gradients all-reduced (no ZeRO, so no parameter gather after the
+    optimizer), `batch` sequences a step."""
+    return loader.load(
+        "gpt3-175b-1k",
+        [f"layout.schedule_runs={runs}", f"training.global_batch={batch}", "layout.schedule=1f1b",
+         "layout.virtual_stages=1", "layout.pp=4", "layout.dp=8", "layout.zero=0"],
+    )  # fmt: skip
+
+
+def test_schedule_runs_pay_each_runs_fill_drain_and_reduction_and_step_the_optimizer_once() -> None:
+    from twin.step.costs import NORM_REDUCTION_BYTES
+
+    options = PredictOptions(stragglers=False)
+    one, two, half = (predict(_runs_plan(r, b), options=options) for r, b in ((1, 256), (2, 256), (1, 128)))
+    plan = _runs_plan(1, 128)
+    ctx = step_context(plan, loader.plan_cluster(plan), options)
+    barrier = ctx.time("all_reduce", NORM_REDUCTION_BYTES, ctx.span("dp", "pp", "cp", "tp"))
+    # the same work as one schedule over every microbatch
+    assert two.num_microbatches == one.num_microbatches == 2 * half.num_microbatches
+    assert two.breakdown_s["compute"] == pytest.approx(one.breakdown_s["compute"], rel=1e-9)
+    # two half-batch schedules back to back: each one's fill, drain and exposed reduction, one optimizer step
+    assert two.step_time_s == pytest.approx(2 * half.step_time_s - half.breakdown_s["optimizer"] - barrier, rel=1e-9)
+    assert two.breakdown_s["dp_comm_exposed"] == pytest.approx(2 * half.breakdown_s["dp_comm_exposed"], rel=1e-9)
+    assert two.breakdown_s["bubble"] == pytest.approx(2 * half.breakdown_s["bubble"] - barrier, rel=1e-9)
+    assert two.breakdown_s["optimizer"] == pytest.approx(one.breakdown_s["optimizer"], rel=1e-9)
+    assert sum(two.breakdown_s.values()) == pytest.approx(two.step_time_s, rel=1e-9)
+    # so a step loses one more pipeline fill and drain than a single schedule does
+    assert two.breakdown_s["bubble"] > one.breakdown_s["bubble"] and two.step_time_s > one.step_time_s
+
+
+def test_schedule_runs_must_divide_the_microbatches_and_the_executor_rejects_them() -> None:
+    from executor.parallel import LayoutError, check_supported
+
+    with pytest.raises(ValueError, match="schedule_runs: 3 does not divide the 32 microbatches"):
+        _runs_plan(3, 256)
+    with pytest.raises(LayoutError, match="schedule_runs: 2: running the pipeline schedule several times"):
+        check_supported(_runs_plan(2, 256))  # type: ignore[arg-type]

@@ -70,9 +70,9 @@ BOUNDS = {  # table: (mean |error|, worst |error|)
     # misses the target on DeepSeek-V3 only: NeMo AutoModel's PyTorch-native runs (FSDP2, DeepEP, torch CP) on the
     # `automodel` stack, routed by the benchmarks' fake balanced gate (group-limited routing, one group of top_k
     # consecutive experts a token): Qwen3 30B-A3B on 8 GPUs +0.2%, Llama 3.1 70B on 64 +3.1%, DeepSeek-V3 PP4 VP8
-    # EP64 on 256 +15.2% and on 1,024 +39.2%, whose 4 accumulation steps are 4 pipeline schedules a plan cannot state
-    # (benchmarks/published_automodel.py; README, Fidelity)
-    "automodel-h100": (0.15, 0.40),
+    # EP64 on 256 +15.2% and on 1,024 +33.5% (4 runs of the pipeline schedule a step: Layout.schedule_runs; +39.2% as
+    # one schedule) (benchmarks/published_automodel.py; README, Fidelity)
+    "automodel-h100": (0.135, 0.34),
     # within the target on a figure nothing was built or fitted on: DeepSeek-V3's own pre-training, 2,664K H800 GPU
     # hours for 14.8T tokens (its report, Table 1), against `twin run deepseek-v3-2k` over 4 seeds, failures and
     # checkpoints included: -1.4% (benchmarks/published_deepseek_report.py; README, Fidelity)

@@ -29,8 +29,8 @@ def step_actions(plan: Plan, cluster: Cluster | None = None) -> int:
     lay = plan.layout
     passes = 3 if schedules.splits_weight_grad(lay.schedule) else 2
     host = shares_cores(cluster or loader.plan_cluster(plan))
-    counts = sample_counts(lay.schedule, lay.pp, plan.num_microbatches, host=host)
-    return lay.num_stages * (sum(counts) if counts else plan.num_microbatches) * passes
+    counts = sample_counts(lay.schedule, lay.pp, plan.schedule_microbatches, host=host)
+    return lay.num_stages * (sum(counts) if counts else plan.schedule_microbatches) * passes
 
 
 def run_step_actions(plan: Plan, cluster: Cluster) -> int:
@@ -59,7 +59,7 @@ def check_step(plan: Plan, limits: Limits, actions: int | None = None) -> None:
         lay = plan.layout
         raise over(
             f"{plan.name}: simulating it takes pipeline actions (pp·virtual_stages = {lay.num_stages} stages × "
-            f"{plan.num_microbatches:,} microbatches × passes)",
+            f"{plan.schedule_microbatches:,} microbatches × passes)",
             actions,
             "step_actions",
             limits,

@@ -158,7 +158,7 @@ class Bounds:
             durations["F", stage], durations["B", stage], durations["W", stage] = f, b - w, w
         ctx = step_context(plan, self.cluster, PredictOptions(), self.stack, self.fabric)
         owner = schedules.stage_ranks(lay.schedule, lay.pp, lay.num_stages)
-        count = plan.num_microbatches
+        count = plan.schedule_microbatches
         finish, done, exact = _walk(lay.schedule, lay.pp, lay.virtual_stages, count, durations, owner, p2p_costs(ctx))
         # each stage's gradient buckets queue on its rank's data-parallel link as its final backward runs (the
         # last one ready only as that action ends); then the rank reduces what its buckets did not overlap, meets
@@ -177,7 +177,7 @@ class Bounds:
                 ready = max(ready, link)
             after.append(ready + (1 - ctx.dp_overlap) * sum(reduce_s.get(s, 0.0) for s in mine))
         barrier = ctx.time("all_reduce", NORM_REDUCTION_BYTES, ctx.span("dp", "pp", "cp", "tp"))
-        step = max(after) + barrier + max(optimizer_s(ctx).values())
+        step = lay.schedule_runs * max(after) + barrier + max(optimizer_s(ctx).values())  # a step's runs in turn
         step *= 1.0 if exact else 1.0 - WALK_MARGIN
         gpu = self.cluster.accelerator.kind != "cpu"
         return step * (straggler_factor(self.cluster, shape.gpus) if gpu else 1.0)

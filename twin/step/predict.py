@@ -39,7 +39,7 @@ from twin.step.kernels import PassCost, head_cost
 from twin.step.memory import MemoryBreakdown, rank_breakdowns, stage_layer_ranges, stage_params
 from twin.step.memory import activation_bytes as layer_activation_bytes
 from twin.step.pipeline import no_cycle_collection, simulate
-from twin.step.pipeline_data import PipelineInput, PipelineResult, Slice, Spans
+from twin.step.pipeline_data import PipelineInput, PipelineResult, RankTimes, Slice, Spans
 from twin.step.steady import simulate_extended
 
 
@@ -143,7 +143,7 @@ def rank_memories(plan: Plan, cluster: Cluster, stack: Stack) -> list[MemoryBrea
     weights[lay.num_stages - 1] += m.mtp_layers * (moe / dense)  # multi-token prediction's layers keep theirs too
     kept_for_w = kept if schedules.splits_weight_grad(lay.schedule) else 0.0
     live = schedules.peak_live_per_rank(
-        lay.schedule, lay.pp, lay.virtual_stages, plan.num_microbatches, weights, kept_for_w
+        lay.schedule, lay.pp, lay.virtual_stages, plan.schedule_microbatches, weights, kept_for_w
     )
     return rank_breakdowns(plan, cluster, stack, live, grad_reduce_bytes(plan, stack))
 
@@ -180,11 +180,40 @@ def _predict(plan: Plan, cluster: Cluster | None, options: PredictOptions) -> St
     )
     paired = _combined_1f1b(ctx)
     orders_for = functools.partial(schedules.build, lay.schedule, lay.pp, lay.virtual_stages, paired=paired)
+    m = plan.schedule_microbatches
     if options.every_microbatch:
-        result = simulate(replace(inp, orders=orders_for(plan.num_microbatches)))
+        result = simulate(replace(inp, orders=orders_for(m)))
     else:
-        result = simulate_extended(inp, orders_for, lay.schedule, lay.pp, plan.num_microbatches)
+        result = simulate_extended(inp, orders_for, lay.schedule, lay.pp, m)
+    result = repeated(result, lay.schedule_runs, inp.barrier_s)
     return _summarise(ctx, result, rank_memory(plan, cluster, ctx.stack), param_gather, kinds)
+
+
+def repeated(result: PipelineResult, runs: int, barrier_s: float) -> PipelineResult:
+    """A step of `runs` runs of the simulated schedule (Layout.schedule_runs), one after another on every rank: each
+    run's fill, drain and gradient reduction again, the step-end gradient-norm all-reduce and the optimizer once.
+    Each rank's end is `runs` times its time up to the barrier, plus the barrier and its optimizer; its bubble holds
+    the barrier once (the other runs' waits at their ends are the next run's fill, already in each run's bubble)."""
+    if runs == 1:
+        return result
+    ranks = []
+    for t in result.ranks:
+        ranks.append(
+            RankTimes(
+                compute=runs * t.compute,
+                recompute=runs * t.recompute,
+                tp=runs * t.tp,
+                cp=runs * t.cp,
+                ep=runs * t.ep,
+                dp=runs * t.dp,
+                pp=runs * t.pp,
+                forward=runs * t.forward,
+                bubble=runs * t.bubble - (runs - 1) * barrier_s,
+                optimizer=t.optimizer,
+                end=runs * (t.end - t.optimizer - barrier_s) + barrier_s + t.optimizer,
+            )
+        )
+    return replace(result, step_s=max(t.end for t in ranks), ranks=tuple(ranks))
 
 
 def _combined_1f1b(ctx: StepContext) -> bool:
