@@ -517,8 +517,8 @@ def main() -> None:
             "seconds": time.perf_counter() - t0,
         }
         s = results[name]
-        rows = "1 row" if s["rows"] == 1 else f"{s['rows']} rows"
-        title = f"{name}: mean |error| {s['mean_abs_error']:.1%}, worst {s['worst_abs_error']:.1%} ({rows})"
+        count = "1 row" if s["rows"] == 1 else f"{s['rows']} rows"
+        title = f"{name}: mean |error| {s['mean_abs_error']:.1%}, worst {s['worst_abs_error']:.1%} ({count})"
         if "fit_rows" in s and "validation_rows" in s:
             left = s["validation_mean_abs_error"], s["validation_worst_abs_error"]
             title += f"; left out of the fit: mean {left[0]:.1%}, worst {left[1]:.1%}"
