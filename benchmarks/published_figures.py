@@ -2,7 +2,7 @@
 
 Tables (benchmarks/published.py, published_nemotron.py, published_nemo2407.py, published_mbridge.py,
 published_mbridge_moe.py, published_deepseek.py, published_llama4.py, published_mcore_moe.py, published_mpt.py,
-published_automodel.py, published_deepseek_report.py):
+published_automodel.py, published_deepseek_report.py, published_bloom.py):
 nccl-tests bus bandwidth on one node; Narayanan et al. 2021 Table 1 (A100, TFLOP/s by the paper's formula);
 Megatron-Core r0.8.0's H100 table and its 0.9 Mixtral 8x7B headline (TFLOP/s by Megatron-Core's formula); the
 Megatron-LM A100 README table (MFU); Llama 3 405B Table 4 (MFU); NVIDIA's DGX Cloud recipes (step time, as
@@ -10,7 +10,8 @@ throughput: Llama 3.1 and GPT-3, Grok-1, Nemotron-4, DeepSeek-V3, Llama 4 Maveri
 summary, 24.07 and its Llama 2 7B rows from 4k to 1M tokens, and Megatron-Bridge's Llama 3 and Qwen3 MoE rows from
 25.11 to 26.06 under fp8 current scaling (tokens/s per GPU); NeMo AutoModel's PyTorch-native bf16 runs (FSDP2,
 DeepEP: Qwen3 30B-A3B, Llama 3.1 70B, DeepSeek-V3; tokens/s per GPU); DeepSeek-V3's own pre-training time against
-a simulated whole run (tokens/s per GPU over the run); MosaicML's MPT on A100 and H100 (bf16 and fp8) under FSDP
+a simulated whole run (tokens/s per GPU over the run); BLOOM-176B's logged step on Jean Zay's A100s (tokens/s per
+GPU); MosaicML's MPT on A100 and H100 (bf16 and fp8) under FSDP
 (tokens/s per GPU). Each row says its kind: `validation` (the twin was not built from that figure),
 `consistency` (a catalogue number was derived from the same published figure, so agreement only shows the arithmetic is
 consistent) or `fit` (the row is in the table an accelerator's one fitted constant was fitted on). Prints a table per
@@ -54,6 +55,12 @@ from benchmarks.published import (
 )
 from benchmarks.published_automodel import AUTOMODEL_H100, automodel_plan
 from benchmarks.published_automodel import SOURCE as AUTOMODEL_SOURCE
+from benchmarks.published_bloom import BATCH as BLOOM_BATCH
+from benchmarks.published_bloom import GPUS as BLOOM_GPUS
+from benchmarks.published_bloom import SEQ as BLOOM_SEQ
+from benchmarks.published_bloom import SOURCE as BLOOM_SOURCE
+from benchmarks.published_bloom import STEP_S as BLOOM_STEP_S
+from benchmarks.published_bloom import bloom_plan
 from benchmarks.published_deepep import DEEPEP_ROWS, deepep_gbps
 from benchmarks.published_deepseek import DGXC_DEEPSEEK_H100, deepseek_plan
 from benchmarks.published_deepseek import SEQ as DEEPSEEK_SEQ
@@ -338,6 +345,15 @@ def mcore_moe_rows() -> list[Row]:
     return out
 
 
+def bloom_rows() -> list[Row]:
+    """BLOOM-176B's logged step on 384 A100 80GB of Jean Zay, Megatron-DeepSpeed (benchmarks/published_bloom.py; no
+    fit uses it)."""
+    plan = bloom_plan()
+    what = "BLOOM-176B bf16, 384 A100 (Jean Zay), TP4 PP12 DP8, micro-batch 2, full recompute: tokens/s per GPU"
+    tokens = BLOOM_SEQ * BLOOM_BATCH / BLOOM_GPUS  # the log prints seconds, not a rounded throughput: kept exact
+    return [_row(what, tokens / BLOOM_STEP_S, tokens / predict(plan).step_time_s, BLOOM_SOURCE, plan=plan)]
+
+
 def deepseek_report_rows() -> list[Row]:
     """DeepSeek-V3's own pre-training time (its report's 2,664K H800 GPU hours for 14.8T tokens) against the twin's
     whole-run simulation of the `deepseek-v3-2k` plan, failures included (benchmarks/published_deepseek_report.py;
@@ -476,6 +492,7 @@ TABLES: dict[str, Callable[[], list[Row]]] = {
     "mcore-moe-h100": mcore_moe_rows,
     "automodel-h100": automodel_rows,
     "deepseek-v3-report": deepseek_report_rows,
+    "bloom-176b-a100": bloom_rows,
     "nemo-24.07-h100": nemo2407_rows,
     "nemo-long-seq-h100": nemo_long_rows,
     "mbridge-h100": mbridge_rows,
