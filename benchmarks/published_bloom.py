@@ -1,5 +1,5 @@
-"""A validation row nothing was built or fitted on: BLOOM-176B's pre-training step on 384 A100 80GB, as its own log
-printed it (BigScience, 2022), on the stack and cluster it ran on.
+"""A validation table nothing was built or fitted on: BLOOM-176B's pre-training steps on 192 to 384 A100 80GB under
+seven layouts, as its own logs printed them (BigScience, 2022), on the stack and cluster it ran on.
 
 Source: bigscience-workshop/bigscience, train/tr11-176B-ml/README.md, "Important checkpoints": the end of the first
 epoch, "iteration 85376/ 115311 | ... | elapsed time per iteration (s): 104.70 | ... | global batch size: 2048 |
@@ -10,52 +10,98 @@ bf16, the pipeline split "pp rank 0: [embed | 5 transformer blocks], pp ranks 1-
 transformer blocks | embed]" (--pp-partition-method 'type:transformer|embedding', the tied embedding counted as a
 block), 70 layers of hidden 14,336 and 112 heads, the vocabulary padded to 250,880, ALiBi, GeLU, LayerNorm, biases.
 
-What the row runs, as the twin holds it: the `megatron-deepspeed-2022` stack and the `jean-zay-a100` cluster (IDRIS
-Jean Zay's gpu_p5 partition: four Omni-Path 100 Gb/s links for eight GPUs a node). Published: tokens per second per
-GPU, 2,048 x 2,048 / 384 / 104.70 s.
+Six more layouts of the same model, stack, cluster and global batch come from train/tr11-176B-ml/reshaping-log.md
+(BigScience resuming global_step94767 on 24 and 36 nodes to test checkpoint reshaping): TP4 PP12 micro-batch 2 on
+24 nodes, and micro-batch 1 at TP4 PP24 and TP2 PP24 on 24 nodes, TP4 PP36, TP2 PP36 and TP1 PP72 on 36 nodes. Each
+row takes the last iteration the log prints for its layout: the first after a resume runs slow (TP4 PP24 261.08 s,
+then 220.73 and 220.30); the TP4 PP12 micro-batch-1 layout, logged only at that first iteration, is left out. The
+split of 70 layers and the tied embedding counted twice as a block ("type:transformer|embedding": 72 items evenly
+over the stages, the embedding on the first and the last) is `edge_stage_trim` 1: 5 + 10 x 6 + 5 at PP12, one
+layer each and an embedding-only first and last stage at PP72.
 
-Not modelled: BF16_Optimizer all-reduces the fp32 gradients where the twin's ZeRO-1 reduce-scatters them (about
-1 s more a step over this fabric, 1%); the tied embedding's gradient all-reduce between the first and last stage
-after the flush (0.9B fp32 gradients a tensor-parallel rank, about 0.7 s over Omni-Path); Omni-Path's NCCL
-efficiency, which is an estimate (jean-zay-a100.yaml). Each of these leans the twin fast. The README puts memory at
-"60 GB of memory on each GPU" (what nvidia-smi shows, the caching allocator's reserve included); the twin's peak is
-37 GiB on the first stage, the unsharded fp32 gradient buffer (14.8 GiB) counted.
+What the rows run, as the twin holds them: the `megatron-deepspeed-2022` stack and the `jean-zay-a100` cluster (IDRIS
+Jean Zay's gpu_p5 partition: four Omni-Path 100 Gb/s links for eight GPUs a node). Published: tokens per second per
+GPU, 2,048 x 2,048 tokens / GPUs / the logged seconds.
+
+Every row comes out 11-21% optimistic (15.0% mean), the layouts' order mostly held: the level of this stack on this
+cluster is off, more than the layouts. Not modelled: BF16_Optimizer all-reduces the fp32 gradients where the twin's
+ZeRO-1 reduce-scatters them (about 1 s more a step over this fabric at 384 GPUs, 1%); the tied embedding's gradient
+all-reduce between the first and last stage after the flush (0.9B fp32 gradients a tensor-parallel rank at TP4,
+about 0.7 s over Omni-Path); Omni-Path's NCCL efficiency, which is an estimate (jean-zay-a100.yaml). Each of these
+leans the twin fast. The README puts memory at "60 GB of memory on each GPU" (what nvidia-smi shows, the caching
+allocator's reserve included); the twin's peak is 37 GiB on the first stage of the 384-GPU layout, the unsharded
+fp32 gradient buffer (14.8 GiB) counted.
 
 Run as part of benchmarks/published_figures.py.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from benchmarks.published import _gpt, _layout
 from plan.schema import Plan
 from twin import api
 
-SOURCE = "bigscience-workshop/bigscience train/tr11-176B-ml/README.md and tr11-176B-ml.slurm (BLOOM-176B, 2022)"
-STEP_S = 104.70
-"""Seconds an iteration at global batch 2,048 (iteration 85,376, the end of the first epoch)."""
+SOURCE = (
+    "bigscience-workshop/bigscience train/tr11-176B-ml/README.md, reshaping-log.md and tr11-176B-ml.slurm "
+    "(BLOOM-176B, 2022)"
+)
+BATCH, SEQ = 2048, 2048
 TFLOPS = 149.77
-"""TFLOP/s per GPU the same log line prints (Megatron-DeepSpeed's count, recompute included)."""
-GPUS, BATCH, SEQ = 384, 2048, 2048
-STAGE_LAYERS = (5,) + (6,) * 10 + (5,)
-"""The README's split: the tied embedding weighs as a block on the first and last stage."""
+"""TFLOP/s per GPU the 384-GPU log line prints with its 104.70 s (Megatron-DeepSpeed's count, recompute included)."""
 
 
-def bloom_plan() -> Plan:
+@dataclass(frozen=True)
+class BloomRow:
+    nodes: int
+    tp: int
+    pp: int
+    microbatch: int
+    step_s: float
+    """Seconds an iteration at global batch 2,048, as the log prints it."""
+
+    @property
+    def gpus(self) -> int:
+        return 8 * self.nodes
+
+
+BLOOM_A100 = (
+    BloomRow(48, 4, 12, 2, 104.70),  # README "Important checkpoints": iteration 85376, the end of the first epoch
+    BloomRow(24, 4, 12, 2, 215.99),  # reshaping-log.md, iteration 94769
+    BloomRow(24, 4, 24, 1, 220.30),  # iteration 94770
+    BloomRow(24, 2, 24, 1, 199.82),  # iteration 94769
+    BloomRow(36, 4, 36, 1, 155.71),  # iteration 94769
+    BloomRow(36, 2, 36, 1, 141.22),  # iteration 94770
+    BloomRow(36, 1, 72, 1, 141.69),  # iteration 94770
+)
+
+
+def bloom_plan(row: BloomRow) -> Plan:
     return api.load_plan(
         {
-            "name": "bloom-176b",
+            "name": f"bloom-176b-{row.gpus}",
             "model": _gpt(70, 14336, 112, 250880, SEQ, tied=True),
             "cluster": "jean-zay-a100",
             "stack": "megatron-deepspeed-2022",
-            "layout": _layout(4, 12, 8, 2, 1, zero=1, recompute="full", stage_layers=STAGE_LAYERS),
+            "layout": _layout(
+                row.tp,
+                row.pp,
+                row.gpus // (row.tp * row.pp),
+                row.microbatch,
+                1,
+                zero=1,
+                recompute="full",
+                edge_stage_trim=1,
+            ),
             "training": {"global_batch": BATCH, "tokens": 366e9, "dtype": "bf16"},
         }
     )
 
 
-def megatron_deepspeed_tflops(step_s: float) -> float:
+def megatron_deepspeed_tflops(step_s: float, gpus: int) -> float:
     """Megatron-DeepSpeed's TFLOP/s per GPU (its training log): 24·4·B·s·l·h²·(1 + s/6h + V/16lh) FLOPs a step with
     activation checkpointing (factor 4 where 3 would count no recompute), over the GPUs and the step."""
     b, s, layers, h, v = BATCH, SEQ, 70, 14336, 250880
     flops = 24 * 4 * b * s * layers * h**2 * (1 + s / (6 * h) + v / (16 * layers * h))
-    return flops / (step_s * GPUS) / 1e12
+    return flops / (step_s * gpus) / 1e12

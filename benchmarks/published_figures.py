@@ -56,11 +56,9 @@ from benchmarks.published import (
 from benchmarks.published_automodel import AUTOMODEL_H100, automodel_plan
 from benchmarks.published_automodel import SOURCE as AUTOMODEL_SOURCE
 from benchmarks.published_bloom import BATCH as BLOOM_BATCH
-from benchmarks.published_bloom import GPUS as BLOOM_GPUS
+from benchmarks.published_bloom import BLOOM_A100, bloom_plan
 from benchmarks.published_bloom import SEQ as BLOOM_SEQ
 from benchmarks.published_bloom import SOURCE as BLOOM_SOURCE
-from benchmarks.published_bloom import STEP_S as BLOOM_STEP_S
-from benchmarks.published_bloom import bloom_plan
 from benchmarks.published_deepep import DEEPEP_ROWS, deepep_gbps
 from benchmarks.published_deepseek import DGXC_DEEPSEEK_H100, deepseek_plan
 from benchmarks.published_deepseek import SEQ as DEEPSEEK_SEQ
@@ -346,12 +344,17 @@ def mcore_moe_rows() -> list[Row]:
 
 
 def bloom_rows() -> list[Row]:
-    """BLOOM-176B's logged step on 384 A100 80GB of Jean Zay, Megatron-DeepSpeed (benchmarks/published_bloom.py; no
-    fit uses it)."""
-    plan = bloom_plan()
-    what = "BLOOM-176B bf16, 384 A100 (Jean Zay), TP4 PP12 DP8, micro-batch 2, full recompute: tokens/s per GPU"
-    tokens = BLOOM_SEQ * BLOOM_BATCH / BLOOM_GPUS  # the log prints seconds, not a rounded throughput: kept exact
-    return [_row(what, tokens / BLOOM_STEP_S, tokens / predict(plan).step_time_s, BLOOM_SOURCE, plan=plan)]
+    """BLOOM-176B's logged steps on 192 to 384 A100 80GB of Jean Zay under seven layouts, Megatron-DeepSpeed
+    (benchmarks/published_bloom.py; no fit uses them). Each log prints seconds, not a rounded throughput: kept exact."""
+    out = []
+    for r in BLOOM_A100:
+        plan = bloom_plan(r)
+        dp = r.gpus // (r.tp * r.pp)
+        layout = f"TP{r.tp} PP{r.pp} DP{dp}, micro-batch {r.microbatch}"
+        what = f"BLOOM-176B bf16, {r.gpus} A100 (Jean Zay), {layout}: tokens/s per GPU"
+        tokens = BLOOM_SEQ * BLOOM_BATCH / r.gpus
+        out.append(_row(what, tokens / r.step_s, tokens / predict(plan).step_time_s, BLOOM_SOURCE, plan=plan))
+    return out
 
 
 def deepseek_report_rows() -> list[Row]:
