@@ -224,3 +224,15 @@ def test_moe_shapes_fold_experts_over_tp_and_the_bounds_stay_bounds() -> None:
         cheap, tight = bounds.step_s(c.shape, c.knobs), bounds.pipeline_s(c.plan)
         assert cheap is not None
         assert cheap <= tight * (1 + 1e-9) and tight <= c.outcome.step_time_s * (1 + 1e-9), c.label
+
+
+def test_a_candidate_runs_one_schedule_a_step_whatever_the_base_plans_schedule_runs() -> None:
+    # Layout.schedule_runs divides the base plan's microbatches, not a candidate's: the search drops it, as it does
+    # the base's stage split
+    from twin.search.space import Knobs, Shape, plan_data
+
+    base = loader.load("gpt3-175b-1k", ["layout.schedule_runs=2"]).model_dump(mode="json")
+    shape = Shape(dp=8, tp=8, pp=4, cp=1, ep=1, microbatch_size=1, schedule="1f1b", virtual_stages=1, global_batch=24)
+    data = plan_data(base, shape, Knobs(sequence_parallel=True, recompute="selective", zero=1))
+    assert "schedule_runs" not in data["layout"]
+    assert loader.validate_plan(data).layout.schedule_runs == 1  # 3 microbatches a replica: 2 runs could not split them

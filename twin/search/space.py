@@ -189,8 +189,10 @@ def knobs(space: Space, tp: int) -> list[Knobs]:
 
 
 def plan_data(base: Mapping[str, Any], shape: Shape, knob: Knobs) -> dict[str, Any]:
-    """The base plan's data with the shape and knobs set (stage splits follow the new pp)."""
-    kept = {k: v for k, v in base["layout"].items() if k not in ("stage_layers", "expert_tp")}  # the shape says
+    """The base plan's data with the shape and knobs set (stage splits follow the new pp; each candidate runs its
+    microbatches as one schedule a step, since a base plan's Layout.schedule_runs divides its own batch, not theirs)."""
+    dropped = ("stage_layers", "expert_tp", "schedule_runs")  # the shape says
+    kept = {k: v for k, v in base["layout"].items() if k not in dropped}
     layout = kept | shape.layout() | knob.layout()
     return {**base, "layout": layout, "training": {**base["training"], "global_batch": shape.global_batch}}
 
