@@ -395,6 +395,8 @@ def test_schedule_runs_pay_each_runs_fill_drain_and_reduction_and_step_the_optim
     assert sum(two.breakdown_s.values()) == pytest.approx(two.step_time_s, rel=1e-9)
     # so a step loses one more pipeline fill and drain than a single schedule does
     assert two.breakdown_s["bubble"] > one.breakdown_s["bubble"] and two.step_time_s > one.step_time_s
+    # and the timeline, one run and the step's end, says so
+    assert any("first of the step's 2 schedule runs" in n for n in two.notes) and not one.notes
 
 
 def test_schedule_runs_must_divide_the_microbatches_and_the_executor_rejects_them() -> None:

@@ -301,9 +301,17 @@ def _summarise(
 
 def _notes(ctx: StepContext) -> tuple[str, ...]:
     """What the prediction priced with a stand-in figure: the stack's attention kernel at another's table
-    (Device.of), a node-forwarding dispatcher without the accelerator's measured rates (comm_costs.layer_comm)."""
+    (Device.of), a node-forwarding dispatcher without the accelerator's measured rates (comm_costs.layer_comm); and
+    where the timeline shows less than the step (Layout.schedule_runs: one run of the schedule, then the step's end)."""
+    runs = ctx.plan.layout.schedule_runs
+    repeats = (
+        f"the timeline shows the first of the step's {runs} schedule runs and the step's end; the others repeat it "
+        "(layout.schedule_runs)"
+        if runs > 1
+        else None
+    )
     notes = (attention_substitute(ctx.cluster, ctx.stack.attention_kernel, ctx.stack.flash), dispatch_substitute(ctx))
-    return tuple(n for n in notes if n)
+    return tuple(n for n in (*notes, repeats) if n)
 
 
 def _step_tail(result: PipelineResult, gather: float, straggle: float, wait: float) -> tuple[Slice, ...]:
