@@ -148,8 +148,9 @@ model.py, components/distributed/config.py FSDP2Config, loss/masked_ce.py, the y
 
 
 def automodel_plan(row: AutomodelRow) -> Plan:
-    """The row as its configuration runs it: FSDP over every rank of a context-parallel group's replicas (ZeRO-3),
-    whole-layer activation checkpointing, no tensor or pipeline parallelism."""
+    """The row as its configuration runs it: FSDP over every data- and context-parallel rank (ZeRO-3), whole-layer
+    activation checkpointing, no tensor parallelism; the DeepSeek rows pipelined over interleaved stages of two
+    layers, each accumulation step one run of the schedule."""
     model = loader.expand_model({"model": row.model}, row.model)["model"]
     model = {**model, "seq_len": row.seq} | (fake_gate(model) if model.get("experts") else {})
     if model.get("mtp_layers"):

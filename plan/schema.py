@@ -92,7 +92,9 @@ class Layout(UserSection):
     microbatches with its own fill and drain and its own gradient reduction (count): gradient accumulation outside
     the schedule, as PyTorch-native trainers accumulate (torch.distributed.pipelining's schedule.step once per local
     batch, reducing at its last backward: NeMo AutoModel's local batches, torchtitan's accumulation steps). 1: every
-    microbatch in one schedule and one reduction (Megatron). Twin-only: the executor runs one schedule a step."""
+    microbatch in one schedule and one reduction (Megatron). Without pipelining a run is that share of the
+    accumulation loop, the gradients reduced at its end (a trainer that does not skip the reduction of its
+    non-final microbatches: schedule_runs = num_microbatches). Twin-only: the executor runs one schedule a step."""
     stage_layers: tuple[NonNegativeInt, ...] | None = None
     """Layers of each of the pp·virtual_stages stages, in model order; default splits as `stage_layer_counts`. A
     stage may hold none (Llama 3 §3.3.2: the first chunk only the embedding, the last only the output head)."""

@@ -51,10 +51,11 @@ def test_the_fake_gate_needs_whole_runs_of_experts() -> None:
 
 
 def test_automodel_cuts_61_layers_into_32_stages_as_its_pipelining_does() -> None:
-    # components/distributed/pipelining/functional.py: layers // stages each, the first layers % stages one more
+    # components/distributed/pipelining/functional.py: layers // stages each, the first layers % stages one more; its
+    # docstring's example splits 32 layers over 4 stages 8 each
     assert automodel_stages(61, 32) == (2,) * 29 + (1,) * 3
-    assert sum(automodel_stages(48, 5)) == 48
-    assert max(automodel_stages(48, 5)) - min(automodel_stages(48, 5)) == 1
+    assert automodel_stages(32, 4) == (8, 8, 8, 8)
+    assert automodel_stages(10, 4) == (3, 3, 2, 2)  # the remainder on the first stages, not the last
 
 
 @pytest.mark.parametrize("row", AUTOMODEL_H100, ids=lambda r: f"{r.model}-{r.gpus}")

@@ -10,6 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from plan import loader
+from plan.schema import Plan
 from twin import api
 from twin.cli.app import app
 from twin.step.comm_costs import layer_comm, overlapped, tp_comm, zero3_layer_exposed
@@ -366,7 +367,7 @@ def test_a_post_backward_prefetch_waits_for_every_layers_gather() -> None:
     assert exposed["post"][0] == exposed["pre"][0]
 
 
-def _runs_plan(runs: int, batch: int) -> object:
+def _runs_plan(runs: int, batch: int) -> Plan:
     """GPT-3 175B on 256 H100 at TP8 PP4 (1F1B), gradients all-reduced (no ZeRO, so no parameter gather after the
     optimizer), `batch` sequences a step."""
     return loader.load(
@@ -395,8 +396,32 @@ def test_schedule_runs_pay_each_runs_fill_drain_and_reduction_and_step_the_optim
     assert sum(two.breakdown_s.values()) == pytest.approx(two.step_time_s, rel=1e-9)
     # so a step loses one more pipeline fill and drain than a single schedule does
     assert two.breakdown_s["bubble"] > one.breakdown_s["bubble"] and two.step_time_s > one.step_time_s
+    # every rank's phases add up to the step (each waits once for the slowest optimizer, not once a run)
+    assert all(sum(p.values()) == pytest.approx(two.step_time_s, rel=1e-9) for p in two.stage_phases_s)
     # and the timeline, one run and the step's end, says so
     assert any("first of the step's 2 schedule runs" in n for n in two.notes) and not one.notes
+
+
+def test_a_schedule_runs_timeline_ends_with_the_step_and_the_search_bound_stays_below_it() -> None:
+    from twin.search.evaluate import Bounds
+    from twin.search.space import neutral
+
+    plan = _runs_plan(2, 256)
+    pred = predict(plan, options=PredictOptions(stragglers=False, every_microbatch=True))
+    assert pred.microbatches_simulated == plan.schedule_microbatches == 16
+    ends = {s["rank"]: 0.0 for s in pred.timeline}
+    for s in pred.timeline:
+        ends[s["rank"]] = max(ends[s["rank"]], s["end_s"])
+    assert max(ends.values()) == pytest.approx(pred.step_time_s, rel=1e-9)
+    runs = [s for s in pred.timeline if s["kind"] == "runs"]  # the second run, one span a rank, before the step end
+    assert sorted(s["rank"] for s in runs) == list(range(plan.layout.pp))
+    assert all(s["end_s"] <= next(t["start_s"] for t in pred.timeline if t["rank"] == s["rank"] and t["kind"] ==
+               "optimizer") for s in runs)  # fmt: skip
+    data = plan.model_dump(mode="json")
+    probe = loader.validate_plan(neutral(data))
+    bound = Bounds(data, loader.plan_cluster(probe), loader.plan_stack(probe)).pipeline_s(plan)
+    single = Bounds(data, loader.plan_cluster(probe), loader.plan_stack(probe)).pipeline_s(_runs_plan(1, 256))
+    assert single < bound <= predict(plan).step_time_s * (1 + 1e-9)  # both with the straggler term
 
 
 def test_schedule_runs_must_divide_the_microbatches_and_the_executor_rejects_them() -> None:
@@ -405,4 +430,4 @@ def test_schedule_runs_must_divide_the_microbatches_and_the_executor_rejects_the
     with pytest.raises(ValueError, match="schedule_runs: 3 does not divide the 32 microbatches"):
         _runs_plan(3, 256)
     with pytest.raises(LayoutError, match="schedule_runs: 2: running the pipeline schedule several times"):
-        check_supported(_runs_plan(2, 256))  # type: ignore[arg-type]
+        check_supported(_runs_plan(2, 256))

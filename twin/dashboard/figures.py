@@ -25,8 +25,9 @@ KIND_COLOURS = {
     "PP": "#FF9DA6",
     "barrier": "#BAB0AC",
     "optimizer": "#EECA3B",
+    "runs": "#D9D9D9",
 }
-KIND_NAMES = {"F": "forward", "B": "backward", "W": "weight grad"}
+KIND_NAMES = {"F": "forward", "B": "backward", "W": "weight grad", "runs": "other schedule runs"}
 MEMORY_PARTS = ("params", "grads", "optimizer", "activations", "transient", "reserved")
 
 

@@ -39,7 +39,7 @@ from twin.step.kernels import PassCost, head_cost
 from twin.step.memory import MemoryBreakdown, rank_breakdowns, stage_layer_ranges, stage_params
 from twin.step.memory import activation_bytes as layer_activation_bytes
 from twin.step.pipeline import no_cycle_collection, simulate
-from twin.step.pipeline_data import PipelineInput, PipelineResult, RankTimes, Slice, Spans
+from twin.step.pipeline_data import PipelineInput, PipelineResult, Slice, Spans
 from twin.step.steady import simulate_extended
 
 
@@ -190,16 +190,23 @@ def _predict(plan: Plan, cluster: Cluster | None, options: PredictOptions) -> St
 
 
 def repeated(result: PipelineResult, runs: int, barrier_s: float) -> PipelineResult:
-    """A step of `runs` runs of the simulated schedule (Layout.schedule_runs), one after another on every rank: each
-    run's fill, drain and gradient reduction again, the step-end gradient-norm all-reduce and the optimizer once.
-    Each rank's end is `runs` times its time up to the barrier, plus the barrier and its optimizer; its bubble holds
-    the barrier once (the other runs' waits at their ends are the next run's fill, already in each run's bubble)."""
+    """A step of `runs` runs of the simulated schedule (Layout.schedule_runs), one after another: each run's fill,
+    drain and gradient reduction again, the step-end gradient-norm all-reduce and the optimizer once. Every rank
+    leaves the barrier at the same moment, so each run starts once the slowest rank has finished the one before; a
+    later stage's exposed reduction that could overlap the next run's fill is counted whole (the bound errs slow).
+    A rank's work and waits up to the barrier repeat `runs` times, the barrier, its optimizer and its wait for the
+    slowest optimizer once. The timeline keeps the first run's actions, marks the other runs on each rank as one
+    span ("runs") and moves the step's end (the last reduction, the barrier, the optimizer) after it."""
     if runs == 1:
         return result
-    ranks = []
-    for t in result.ranks:
+    ranks, shift = [], {}
+    for r, t in enumerate(result.ranks):
+        tail = result.step_s - t.end  # waiting for the slowest optimizer, once
+        before = t.end - t.optimizer - barrier_s  # the rank's run up to the barrier
+        shift[r] = (runs - 1) * before
         ranks.append(
-            RankTimes(
+            replace(
+                t,
                 compute=runs * t.compute,
                 recompute=runs * t.recompute,
                 tp=runs * t.tp,
@@ -208,12 +215,18 @@ def repeated(result: PipelineResult, runs: int, barrier_s: float) -> PipelineRes
                 dp=runs * t.dp,
                 pp=runs * t.pp,
                 forward=runs * t.forward,
-                bubble=runs * t.bubble - (runs - 1) * barrier_s,
-                optimizer=t.optimizer,
-                end=runs * (t.end - t.optimizer - barrier_s) + barrier_s + t.optimizer,
+                bubble=runs * (t.bubble - tail) - (runs - 1) * barrier_s + tail,
+                end=t.end + shift[r],
             )
         )
-    return replace(result, step_s=max(t.end for t in ranks), ranks=tuple(ranks))
+    recorded = list(result.slices.recorded)
+    ends = {r: min((s.start for s in recorded if s.rank == r and s.stage == -1), default=None) for r in shift}
+    for i, s in enumerate(recorded):  # in place: the exposed collectives point at their actions' positions
+        if s.stage == -1:
+            recorded[i] = s._replace(start=s.start + shift[s.rank], end=s.end + shift[s.rank])
+    recorded += [Slice(r, -1, "runs", -1, at, at + shift[r]) for r, at in ends.items() if at is not None]
+    slices = Spans(recorded, result.slices.exposures, result.slices.tail)
+    return replace(result, step_s=max(t.end for t in ranks), ranks=tuple(ranks), slices=slices)
 
 
 def _combined_1f1b(ctx: StepContext) -> bool:
@@ -291,7 +304,7 @@ def _summarise(
         days_to_train=days,
         gpu_hours=days * 24 * lay.world_size,
         events=result.events,
-        microbatches_simulated=result.extended_from or plan.num_microbatches,
+        microbatches_simulated=result.extended_from or plan.schedule_microbatches,
         slices=result.slices.then(_step_tail(result, gather_exposed, straggle, data_wait)),
         pp=lay.pp,
         stage_phases_s=[r.phases() for r in result.ranks],
@@ -305,8 +318,8 @@ def _notes(ctx: StepContext) -> tuple[str, ...]:
     where the timeline shows less than the step (Layout.schedule_runs: one run of the schedule, then the step's end)."""
     runs = ctx.plan.layout.schedule_runs
     repeats = (
-        f"the timeline shows the first of the step's {runs} schedule runs and the step's end; the others repeat it "
-        "(layout.schedule_runs)"
+        f"the timeline shows the first of the step's {runs} schedule runs, the others as one span a rank ('runs'), "
+        "then the step's end (layout.schedule_runs)"
         if runs > 1
         else None
     )

@@ -10,7 +10,14 @@ from typing import Any
 
 from twin.step.predict import StepPrediction
 
-NAMES = {"F": "forward", "B": "backward", "W": "weight-grad", "barrier": "step end", "optimizer": "step end"}
+NAMES = {
+    "F": "forward",
+    "B": "backward",
+    "W": "weight-grad",
+    "barrier": "step end",
+    "optimizer": "step end",
+    "runs": "other schedule runs",
+}
 LANES = ("compute", "comm")
 
 
