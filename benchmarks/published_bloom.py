@@ -65,6 +65,10 @@ class BloomRow:
     def gpus(self) -> int:
         return 8 * self.nodes
 
+    @property
+    def dp(self) -> int:
+        return self.gpus // (self.tp * self.pp)
+
 
 BLOOM_A100 = (
     BloomRow(48, 4, 12, 2, 104.70),  # README "Important checkpoints": iteration 85376, the end of the first epoch
@@ -87,7 +91,7 @@ def bloom_plan(row: BloomRow) -> Plan:
             "layout": _layout(
                 row.tp,
                 row.pp,
-                row.gpus // (row.tp * row.pp),
+                row.dp,
                 row.microbatch,
                 1,
                 zero=1,

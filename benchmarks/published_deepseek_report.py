@@ -38,6 +38,6 @@ def published_tokens_per_gpu_s() -> float:
 
 def predicted_tokens_per_gpu_s() -> float:
     """Tokens per second per job GPU over the twin's simulated run, failures and checkpoints included."""
-    runs = api.simulate_runs(PLAN, SEEDS)
     plan = api.load_plan(PLAN)
+    runs = api.simulate_runs(plan, SEEDS)
     return plan.training.tokens / (runs.stats["wall_days"]["mean"] * 86400 * JOB_GPUS)

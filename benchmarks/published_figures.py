@@ -2,23 +2,21 @@
 
 Tables (benchmarks/published.py, published_nemotron.py, published_nemo2407.py, published_mbridge.py,
 published_mbridge_moe.py, published_deepseek.py, published_llama4.py, published_mcore_moe.py, published_mpt.py,
-published_automodel.py, published_deepseek_report.py, published_bloom.py):
-nccl-tests bus bandwidth on one node; Narayanan et al. 2021 Table 1 (A100, TFLOP/s by the paper's formula);
-Megatron-Core r0.8.0's H100 table and its 0.9 Mixtral 8x7B headline (TFLOP/s by Megatron-Core's formula); the
-Megatron-LM A100 README table (MFU); Llama 3 405B Table 4 (MFU); NVIDIA's DGX Cloud recipes (step time, as
-throughput: Llama 3.1 and GPT-3, Grok-1, Nemotron-4, DeepSeek-V3, Llama 4 Maverick); NeMo's H100 fp8 performance
-summary, 24.07 and its Llama 2 7B rows from 4k to 1M tokens, and Megatron-Bridge's Llama 3 and Qwen3 MoE rows from
-25.11 to 26.06 under fp8 current scaling (tokens/s per GPU); NeMo AutoModel's PyTorch-native bf16 runs (FSDP2,
-DeepEP: Qwen3 30B-A3B, Llama 3.1 70B, DeepSeek-V3; tokens/s per GPU); DeepSeek-V3's own pre-training time against
-a simulated whole run (tokens/s per GPU over the run); BLOOM-176B's logged step on Jean Zay's A100s (tokens/s per
-GPU); MosaicML's MPT on A100 and H100 (bf16 and fp8) under FSDP
-(tokens/s per GPU). Each row says its kind: `validation` (the twin was not built from that figure),
-`consistency` (a catalogue number was derived from the same published figure, so agreement only shows the arithmetic is
-consistent) or `fit` (the row is in the table an accelerator's one fitted constant was fitted on). Prints a table per
-source with mean and worst absolute error (and, beside a fit, the rows left out of it) and writes
-benchmarks/results/published_figures.json.
-Run: `python benchmarks/published_figures.py`.
-"""
+published_automodel.py, published_deepseek_report.py, published_bloom.py): nccl-tests bus bandwidth on one node;
+Narayanan et al. 2021 Table 1 (A100, TFLOP/s by the paper's formula); Megatron-Core r0.8.0's H100 table and its 0.9
+Mixtral 8x7B headline (TFLOP/s by Megatron-Core's formula); the Megatron-LM A100 README table (MFU); Llama 3 405B Table
+4 (MFU); NVIDIA's DGX Cloud recipes (step time, as throughput: Llama 3.1 and GPT-3, Grok-1, Nemotron-4, DeepSeek-V3,
+Llama 4 Maverick); NeMo's H100 fp8 performance summary, 24.07 and its Llama 2 7B rows from 4k to 1M tokens, and
+Megatron-Bridge's Llama 3 and Qwen3 MoE rows from 25.11 to 26.06 under fp8 current scaling (tokens/s per GPU); NeMo
+AutoModel's PyTorch-native bf16 runs (FSDP2, DeepEP: Qwen3 30B-A3B, Llama 3.1 70B, DeepSeek-V3; tokens/s per GPU);
+DeepSeek-V3's own pre-training time against a simulated whole run (tokens/s per GPU over the run); BLOOM-176B's logged
+steps on Jean Zay's A100s (tokens/s per GPU); MosaicML's MPT on A100 and H100 (bf16 and fp8) under FSDP (tokens/s per
+GPU). Each row says its kind: `validation` (the twin was not built from that figure), `consistency` (a catalogue number
+was derived from the same published figure, so agreement only shows the arithmetic is consistent) or `fit` (the row is
+in the table an accelerator's one fitted constant was fitted on). Prints a table per source with mean and worst absolute
+error (and, beside a fit, the rows left out of it) and writes benchmarks/results/published_figures.json.
+
+Run: `python benchmarks/published_figures.py`."""
 
 from __future__ import annotations
 
@@ -197,14 +195,20 @@ def _step_time_rows(
     tokens_per_gpu: Callable[[Any], float],
     source: str,
     kind: Callable[[Any], str] = lambda _: "validation",
+    rounded: bool = True,
 ) -> list[Row]:
     """Rows whose published figure is a step time (each row's `step_s`), as throughput errors against the predicted
-    step of the row's plan: `what` labels a row, `tokens_per_gpu` gives the tokens one GPU takes a step."""
+    step of the row's plan: `what` labels a row, `tokens_per_gpu` gives the tokens one GPU takes a step. `rounded`:
+    the published throughput rounded as the recipes print it (`_tokens_per_gpu_row`); false where the source prints
+    the seconds themselves (a training log), kept exact."""
     out = []
     for r in rows:
         plan = plan_of(r)
-        step = predict(plan).step_time_s
-        out.append(_tokens_per_gpu_row(what(r), tokens_per_gpu(r), r.step_s, step, source, kind(r), plan))
+        step, tokens = predict(plan).step_time_s, tokens_per_gpu(r)
+        if rounded:
+            out.append(_tokens_per_gpu_row(what(r), tokens, r.step_s, step, source, kind(r), plan))
+        else:
+            out.append(_row(what(r), tokens / r.step_s, tokens / step, source, kind(r), plan))
     return out
 
 
@@ -344,15 +348,17 @@ def mcore_moe_rows() -> list[Row]:
 def bloom_rows() -> list[Row]:
     """BLOOM-176B's logged steps on 192 to 384 A100 80GB of Jean Zay under seven layouts, Megatron-DeepSpeed
     (benchmarks/published_bloom.py; no fit uses them). Each log prints seconds, not a rounded throughput: kept exact."""
-    out = []
-    for r in BLOOM_A100:
-        plan = bloom_plan(r)
-        dp = r.gpus // (r.tp * r.pp)
-        layout = f"TP{r.tp} PP{r.pp} DP{dp}, micro-batch {r.microbatch}"
-        what = f"BLOOM-176B bf16, {r.gpus} A100 (Jean Zay), {layout}: tokens/s per GPU"
-        tokens = BLOOM_SEQ * BLOOM_BATCH / r.gpus
-        out.append(_row(what, tokens / r.step_s, tokens / predict(plan).step_time_s, BLOOM_SOURCE, plan=plan))
-    return out
+    return _step_time_rows(
+        BLOOM_A100,
+        bloom_plan,
+        lambda r: (
+            f"BLOOM-176B bf16, {r.gpus} A100 (Jean Zay), TP{r.tp} PP{r.pp} DP{r.dp}, micro-batch {r.microbatch}: "
+            "tokens/s per GPU"
+        ),
+        lambda r: BLOOM_SEQ * BLOOM_BATCH / r.gpus,
+        BLOOM_SOURCE,
+        rounded=False,
+    )
 
 
 def deepseek_report_rows() -> list[Row]:

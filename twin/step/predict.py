@@ -220,11 +220,12 @@ def repeated(result: PipelineResult, runs: int, barrier_s: float) -> PipelineRes
             )
         )
     recorded = list(result.slices.recorded)
-    ends = {r: min((s.start for s in recorded if s.rank == r and s.stage == -1), default=None) for r in shift}
+    # where each rank's first run ends: the start of its step-end spans (the last reduction, the barrier, the optimizer)
+    run_ends = {r: min((s.start for s in recorded if s.rank == r and s.stage == -1), default=None) for r in shift}
     for i, s in enumerate(recorded):  # in place: the exposed collectives point at their actions' positions
         if s.stage == -1:
             recorded[i] = s._replace(start=s.start + shift[s.rank], end=s.end + shift[s.rank])
-    recorded += [Slice(r, -1, "runs", -1, at, at + shift[r]) for r, at in ends.items() if at is not None]
+    recorded += [Slice(r, -1, "runs", -1, at, at + shift[r]) for r, at in run_ends.items() if at is not None]
     slices = Spans(recorded, result.slices.exposures, result.slices.tail)
     return replace(result, step_s=max(t.end for t in ranks), ranks=tuple(ranks), slices=slices)
 
@@ -316,15 +317,14 @@ def _notes(ctx: StepContext) -> tuple[str, ...]:
     """What the prediction priced with a stand-in figure: the stack's attention kernel at another's table
     (Device.of), a node-forwarding dispatcher without the accelerator's measured rates (comm_costs.layer_comm); and
     where the timeline shows less than the step (Layout.schedule_runs: one run of the schedule, then the step's end)."""
+    notes = [attention_substitute(ctx.cluster, ctx.stack.attention_kernel, ctx.stack.flash), dispatch_substitute(ctx)]
     runs = ctx.plan.layout.schedule_runs
-    repeats = (
-        f"the timeline shows the first of the step's {runs} schedule runs, the others as one span a rank ('runs'), "
-        "then the step's end (layout.schedule_runs)"
-        if runs > 1
-        else None
-    )
-    notes = (attention_substitute(ctx.cluster, ctx.stack.attention_kernel, ctx.stack.flash), dispatch_substitute(ctx))
-    return tuple(n for n in (*notes, repeats) if n)
+    if runs > 1:
+        notes.append(
+            f"the timeline shows the first of the step's {runs} schedule runs, the others as one span a rank "
+            "('runs'), then the step's end (layout.schedule_runs)"
+        )
+    return tuple(n for n in notes if n)
 
 
 def _step_tail(result: PipelineResult, gather: float, straggle: float, wait: float) -> tuple[Slice, ...]:
