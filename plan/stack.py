@@ -258,6 +258,16 @@ class Stack(UserSection):
     cuda); false: the GEMM writes a fresh 16-bit gradient and the data-parallel wrapper adds it to the buffer each
     microbatch (megatron/core/distributed param hooks `main_grad.add_(grad)`): read 2 bytes and the buffer's, write
     the buffer's, per weight."""
+    grad_accumulation_upcast: bool = False
+    """Without wgrad accumulation fusion, the fresh 16-bit gradient is first upcast into a temporary of the buffer's
+    dtype, which the add then reads: one more kernel and the buffer's bytes written and read again, per weight
+    (DeepSpeed's BF16_Optimizer.update_hp_grads, `hp_grad.add_(lp.grad.to(hp_grad.dtype))`, after every
+    microbatch's backward: deepspeed/runtime/bf16_optimizer.py at microsoft/DeepSpeed 9b70ce56e)."""
+    zero_grad_reduce: Literal["reduce-scatter", "all-reduce"] = "reduce-scatter"
+    """How a ZeRO-1 plan reduces its gradients over the data-parallel ranks before each updates its shard:
+    reduce-scatter (Megatron's distributed optimizer, DeepSpeed's ZeRO stage 1), or all-reduce of the whole buffer
+    (DeepSpeed's BF16_Optimizer under the pipeline engine, its own stage-1 equivalent: PipelineEngine._bf16_reduce_grads
+    all-reduces the fp32 gradients, then each rank steps its partition and all-gathers the bf16 weights)."""
     grad_buffer_passes: NonNegativeFloat = 0.0
     """Memory-bound passes each step over the rank's whole gradient buffer (every parameter it holds, unsharded, in
     the buffer's dtype) beside the optimizer's: Megatron-Core's data-parallel wrapper zeroes it at the start of the

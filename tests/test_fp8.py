@@ -281,3 +281,15 @@ def test_without_wgrad_fusion_each_microbatch_adds_every_weight_gradient_to_its_
     a, b = _layer(plan, apart), _layer(plan, fused)
     assert a.backward_weight_s - b.backward_weight_s == pytest.approx(expected, rel=1e-9)
     assert (a.forward_s, a.backward_input_s) == pytest.approx((b.forward_s, b.backward_input_s), rel=1e-12)
+    # DeepSpeed's BF16_Optimizer upcasts each gradient into a temporary of the buffer's dtype before the add: a
+    # second kernel per tensor, and the buffer's bytes written and read once more
+    _, upcast = _ctx(
+        "nemo-24.12",
+        dtype,
+        "stack.overrides.wgrad_accumulation_fusion=false",
+        "stack.overrides.grad_accumulation_upcast=true",
+    )
+    c = _layer(plan, upcast)
+    assert c.backward_weight_s - a.backward_weight_s == pytest.approx(
+        fused.device.memory_s(weights * 2 * gb, len(GEMMS)), rel=1e-9
+    )

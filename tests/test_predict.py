@@ -431,3 +431,45 @@ def test_schedule_runs_must_divide_the_microbatches_and_the_executor_rejects_the
         _runs_plan(3, 256)
     with pytest.raises(LayoutError, match="schedule_runs: 2: running the pipeline schedule several times"):
         check_supported(_runs_plan(2, 256))
+
+
+def test_a_tied_embeddings_gradient_is_all_reduced_between_the_first_and_last_stage_after_the_flush() -> None:
+    """Megatron's _allreduce_embedding_grads and DeepSpeed's ReduceTiedGrads: the ranks holding the first stage
+    (input embedding) and the last (the output layer sharing it) all-reduce their vocabulary shard's gradient, in the
+    gradient buffer's dtype, after the data-parallel reduction; no other rank does, and the two-rank all-reduce is
+    the ring's 2(n-1)/n of the bytes over the pair's bus bandwidth. An untied model, or one stage, has none."""
+    from twin.step.comm_costs import tied_embedding_s
+
+    options = PredictOptions(stragglers=False)
+    over = ["layout.dp=1", "layout.zero=0", "layout.pp=4", "layout.virtual_stages=1", "layout.schedule=1f1b"]
+    tied, untied = (loader.load("gpt3-175b-1k", [*over, f"model.tied_embeddings={t}"]) for t in ("true", "false"))
+    ctx = step_context(tied, loader.plan_cluster(tied), options)
+    m, lay = tied.model, tied.layout
+    seconds = tied_embedding_s(ctx)
+    assert set(seconds) == {0, lay.num_stages - 1} and seconds[0] == seconds[lay.num_stages - 1] > 0
+    ranks = ctx.grid.group_of(0, "pp")
+    pair = ctx.fabric.span([ranks[0], ranks[lay.pp - 1]])
+    nbytes = ctx.grad_bytes * m.vocab * m.hidden / lay.tp
+    assert seconds[0] == pytest.approx(nbytes / pair.busbw_Bps, rel=0.02)  # 2(n-1)/n = 1, latency aside
+    a, b = (predict(p, options=options).stage_phases_s for p in (tied, untied))
+    grown = [x["comm_pp"] - y["comm_pp"] for x, y in zip(a, b, strict=True)]
+    assert grown == pytest.approx([seconds[0], 0.0, 0.0, seconds[0]], rel=1e-9, abs=1e-12)
+    assert tied_embedding_s(step_context(untied, loader.plan_cluster(untied), options)) == {}
+    one = loader.load("gpt3-175b-1k", [*over, "layout.pp=1", "layout.tp=8", "layout.dp=8"])
+    assert tied_embedding_s(step_context(one, loader.plan_cluster(one), options)) == {}
+
+
+@pytest.mark.parametrize("zero,setting,op", [(1, "all-reduce", "all_reduce"), (1, "reduce-scatter", "reduce_scatter"),
+                                             (2, "all-reduce", "reduce_scatter")])  # fmt: skip
+def test_zero1s_gradients_reduce_as_the_stack_says(zero: int, setting: str, op: str) -> None:
+    """Stack.zero_grad_reduce: DeepSpeed's BF16_Optimizer all-reduces the whole fp32 buffer where Megatron's
+    distributed optimizer reduce-scatters it; ZeRO-2 reduce-scatters either way."""
+    from twin.step.comm_costs import dp_costs
+    from twin.step.memory import stage_params
+
+    over = [f"layout.zero={zero}", f"stack.overrides.zero_grad_reduce={setting}"]
+    plan = loader.load("gpt3-175b-1k", ["stack=megatron-core-0.8", *over])
+    ctx = step_context(plan, loader.plan_cluster(plan), PredictOptions(stragglers=False))
+    reduce_s, _, _ = dp_costs(ctx)
+    dp, _ = ctx.replica_spans()
+    assert reduce_s[0] == pytest.approx(ctx.time(op, ctx.grad_bytes * stage_params(plan, 0).dense, dp), rel=1e-12)

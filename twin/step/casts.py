@@ -70,12 +70,17 @@ def _casts(device: Device, operands: list[tuple[float, float]], nbytes: float, k
     return seconds, sum(round(kernels * b) for _, b in operands)
 
 
-def grad_accumulation_s(device: Device, gemms: dict[str, list[Gemm]], grad_bytes: int) -> tuple[float, float, int]:
+def grad_accumulation_s(
+    device: Device, gemms: dict[str, list[Gemm]], grad_bytes: int, upcast: bool = False
+) -> tuple[float, float, int]:
     """(seconds, FLOPs, kernels) without wgrad accumulation fusion (Stack.wgrad_accumulation_fusion): each weight's
     fresh 16-bit gradient is added to its accumulation buffer every microbatch, reading 2 bytes and `grad_bytes`
     and writing `grad_bytes` per weight, one streaming kernel per weight tensor (at the tuned-kernel bandwidth: a
-    contiguous add, not a framework reduction). The GEMM's own output, fresh or accumulated, is written under its
-    compute either way."""
+    contiguous add, not a framework reduction); with `upcast` (Stack.grad_accumulation_upcast) the gradient is first
+    cast into a temporary of `grad_bytes` that the add reads, a second kernel per tensor. The GEMM's own output,
+    fresh or accumulated, is written under its compute either way."""
     batches = [gemm for batch in gemms.values() for gemm in batch]
     weights = sum(nn * kk * b for _, nn, kk, b in batches)
-    return device.memory_s(weights * (2 + 2 * grad_bytes), len(batches)), 0.0, len(batches)
+    per_weight = 2 + 2 * grad_bytes + (2 * grad_bytes if upcast else 0)
+    kernels = len(batches) * (2 if upcast else 1)
+    return device.memory_s(weights * per_weight, kernels), 0.0, kernels

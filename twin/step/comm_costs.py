@@ -262,6 +262,27 @@ def p2p_costs(ctx: StepContext) -> dict[tuple[int, int], float]:
     return out
 
 
+def tied_embedding_s(ctx: StepContext) -> dict[int, float]:
+    """Per stage: the tied word embedding's gradient all-reduce between the stage holding the input embedding (the
+    first) and the one holding the output layer that shares it (the last), on each tensor-parallel rank's vocabulary
+    shard, in the gradient buffer's dtype, once the pipeline has flushed and the data-parallel reduction is done:
+    Megatron's _allreduce_embedding_grads (core_v0.8.0 megatron/core/distributed/finalize_model_grads.py, after
+    finish_grad_sync; megatron/training.py train_step in 2021) and DeepSpeed's ReduceTiedGrads instruction
+    (runtime/pipe/engine.py _exec_reduce_tied_grads, the fp32 gradient under bf16). None where the two stages share
+    a rank (a V-shaped schedule) or the embeddings are not tied."""
+    lay, m = ctx.plan.layout, ctx.plan.model
+    last = lay.num_stages - 1
+    if not m.tied_embeddings or last == 0:
+        return {}
+    pp_ranks = ctx.grid.group_of(0, "pp")
+    a = pp_ranks[schedules.stage_rank(lay.schedule, lay.pp, 0)]
+    b = pp_ranks[schedules.stage_rank(lay.schedule, lay.pp, last)]
+    if a == b:
+        return {}
+    seconds = ctx.time("all_reduce", ctx.grad_bytes * m.vocab * m.hidden / lay.tp, ctx.fabric.span([a, b]))
+    return {0: seconds, last: seconds}
+
+
 def dp_costs(ctx: StepContext) -> tuple[dict[int, float], dict[int, float], float]:
     """Per stage: gradient reduction seconds (overlapped with the final backward as the stack does) and ZeRO-3
     gather seconds (pipelined FSDP); and the ZeRO-1/2 parameter all-gather after the optimizer."""
@@ -271,7 +292,8 @@ def dp_costs(ctx: StepContext) -> tuple[dict[int, float], dict[int, float], floa
     if lay.weight_replicas == 1 or (lay.zero == 3 and lay.pp == 1):
         return reduce_s, gather_s, 0.0
     dp, edp = ctx.replica_spans()
-    op = "all_reduce" if lay.zero == 0 else "reduce_scatter"
+    all_reduce = lay.zero == 0 or (lay.zero == 1 and ctx.stack.zero_grad_reduce == "all-reduce")
+    op = "all_reduce" if all_reduce else "reduce_scatter"
     param_gather = 0.0
     g, w = ctx.grad_bytes, ctx.param_bytes
     for stage in range(lay.num_stages):

@@ -256,7 +256,7 @@ def layer_cost(m: ModelSpec, shape: Shape, device: Device, stack: Stack, moe: bo
         if recompute == "full" or rerun or not kernel.saves_output:
             again.add(fwd.seconds - before, 0.0, 0)
     if not stack.wgrad_accumulation_fusion:
-        wgrad.add(*grad_accumulation_s(device, gemms, shape.grad_bytes))
+        wgrad.add(*grad_accumulation_s(device, gemms, shape.grad_bytes, stack.grad_accumulation_upcast))
     forward = fwd.seconds + device.layer_s
     recompute_flops = {"full": fwd.flops, "selective": _core_flops(m, shape, stack)}.get(recompute, 0.0)
     recompute_flops += again.flops if recompute != "full" else 0.0  # the latent up-projections, where rerun

@@ -301,6 +301,12 @@ class PipelineSim:
             yield self.work(rank, after)
         times.dp += self.env.now - compute_end
         self.mark(rank, "DP", compute_end, self.env.now)
+        tied = sum(self.inp.tied_stage_s.get(s, 0.0) for s in stages)
+        if tied > 0:  # after the data-parallel reduction, never under compute
+            start = self.env.now
+            yield self.work(rank, tied)
+            times.pp += self.env.now - start
+            self.mark(rank, "PP", start, self.env.now)
         start = self.env.now
         yield from self.join_barrier(rank, times)
         self.mark(rank, "barrier", start, self.env.now, track="compute")

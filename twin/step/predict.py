@@ -24,7 +24,7 @@ from plan.schema import Plan
 from plan.stack import Stack
 from twin.step import schedules
 from twin.step.collectives import collective_time
-from twin.step.comm_costs import dispatch_substitute, dp_costs, p2p_costs
+from twin.step.comm_costs import dispatch_substitute, dp_costs, p2p_costs, tied_embedding_s
 from twin.step.compute import Device, attention_substitute
 from twin.step.context import PredictOptions, StepContext, grad_reduce_bytes, shape_of, step_context
 from twin.step.costs import (
@@ -171,6 +171,7 @@ def _predict(plan: Plan, cluster: Cluster | None, options: PredictOptions) -> St
         p2p_s=p2p_costs(ctx),
         split_w=schedules.splits_weight_grad(lay.schedule),
         dp_stage_s=reduce_s,
+        tied_stage_s=tied_embedding_s(ctx),
         gather_stage_s=gather_s,
         optimizer_s=optimizer_s(ctx),
         barrier_s=ctx.time("all_reduce", NORM_REDUCTION_BYTES, ctx.span("dp", "pp", "cp", "tp")),
