@@ -28,8 +28,8 @@ the gradient dtype and the library versions, not in the kernels):
 
 Left out: the October A100 table's two 70B rows (kept from April on another stack, the commit says). Not modelled:
 FSDP's per-parameter casts (each block's bf16 gradients to fp32 before an fp32 reduce-scatter, its fp32 shard to bf16
-before the gather; about 1-2% of a step), the learned positional embedding's gather and add, and the January runs'
-unpadding around FlashAttention-2 (flash_attn_fn's bert_padding gathers and scatter, with their host syncs).
+before the gather; about 1-2% of a step), the learned positional embedding's gather and add, and the host syncs of
+the January runs' unpadding around FlashAttention-2 (its gathers and scatters are priced: UNPADDING).
 
 Run as part of benchmarks/published_figures.py.
 """
@@ -39,6 +39,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from benchmarks.published import _gpt, _layout
+from plan import loader
 from plan.schema import Plan
 from twin import api
 
@@ -78,7 +79,7 @@ class MptRow:
     """The table's precision: amp_bf16, or amp_fp8 (Transformer Engine's fp8 Linears, fc_type te)."""
     zero: int = 3
     """FSDP's sharding: FULL_SHARD (3) or SHARD_GRAD_OP (2)."""
-    stack: tuple[tuple[str, str], ...] = ()
+    stack: tuple[tuple[str, object], ...] = ()
     """Where the run's settings differ from the llm-foundry-0.3 stack: (field, value) overrides."""
 
     @property
@@ -211,12 +212,48 @@ SOURCE_H100_LARGE = (
 JANUARY_2024 = (("fsdp_backward_prefetch", "pre"),)
 """What the January 2024 runs set beside the stack (sweep.py: backward_prefetch BACKWARD_PRE, forward_prefetch and
 limit_all_gathers true; PURE mixed precision, so bf16 reduce-scatters, on the row)."""
-FLASH2 = (*JANUARY_2024, ("attention_kernel", "fa2"))
-"""attn_impl flash on the `.[gpu-flash2]` install: flash-attn 2's kernel (FlashAttention-2)."""
+UNPADDING = (
+    # unpad_input for q, k and v: each a sum, nonzero, max (.item()), cumsum and pad over the mask, then
+    # IndexFirstAxis' torch.gather of the rows (read and write); backward torch.zeros and scatter_ (write, read, write)
+    {
+        "name": "unpad_qkv",
+        "reads": {"h": 3},
+        "traffic": {"h": 6},
+        "kernels": 24,
+        "backward": 1.5,
+        "backward_kernels": 6,
+    },
+    # pad_input of the output: IndexPutFirstAxis' torch.zeros and index_put (write, read, write); backward a gather
+    {
+        "name": "pad_output",
+        "reads": {"h": 1},
+        "traffic": {"h": 3},
+        "kernels": 4,
+        "backward": 0.667,
+        "backward_kernels": 1,
+    },
+)
+"""flash_attn_fn in llm-foundry 5e85bd62d (llmfoundry/models/layers/attention.py) runs flash-attn 2.4.2's
+flash_attn_varlen_func between flash_attn.bert_padding's unpad_input of the query, key and value and pad_input of
+its output, every layer, though the benchmark's sequences are whole (an all-ones mask). Bytes in units of the
+layer's h (tokens x hidden, 16-bit); `traffic` only, since the unpadded copies stand in for what the attention saves
+anyway. The six host syncs a layer's forward takes (nonzero, .item()) are not priced."""
+
+
+def _with_unpadding() -> tuple[dict[str, object], ...]:
+    """The llm-foundry-0.3 layer with the unpadding around its attention core."""
+    layer = [k.model_dump(exclude_defaults=True) for k in loader.load_stack("llm-foundry-0.3").layer]
+    core = next(i for i, k in enumerate(layer) if "attention" in k)
+    return (*layer[:core], UNPADDING[0], layer[core], UNPADDING[1], *layer[core + 1 :])
+
+
+FLASH2 = (*JANUARY_2024, ("attention_kernel", "fa2"), ("layer", _with_unpadding()))
+"""attn_impl flash on the `.[gpu-flash2]` install: flash-attn 2's kernel (FlashAttention-2), inside llm-foundry's
+unpadding (UNPADDING)."""
 
 
 def _rows_h100_large(
-    model: str, zero: int, stack: tuple[tuple[str, str], ...], microbatch: int, ckpt: bool, *rows: tuple[int, float]
+    model: str, zero: int, stack: tuple[tuple[str, object], ...], microbatch: int, ckpt: bool, *rows: tuple[int, float]
 ) -> tuple[MptRow, ...]:
     return tuple(
         MptRow(model, 2048, microbatch, 1, ckpt, tps, gpus, "h100-sxm5-80gb", "bf16", "bf16", zero, stack)

@@ -38,11 +38,13 @@ BOUNDS = {  # table: (mean |error|, worst |error|)
     "mcore-h100": (0.10, 0.24),
     "megatron-a100-readme": (0.05, 0.10),
     # misses the target on the 131k row since the attention tables are no longer scaled by the in-training fraction
-    # (a GEMM figure, refitted to 0.782): CP16 at 131k tokens reads 44.4 against 38% MFU (+6.4 points; +1.8 while
+    # (a GEMM figure, refitted to 0.782): CP16 at 131k tokens reads 43.8 against 38% MFU (+5.8 points; +1.8 while
     # FlashAttention-2 ran at 0.802 of its benchmark). Attention is ~60% of that step, and the paper names neither
-    # its attention kernel nor how its MFU counts causal attention: counted half, the same step reads 31.7%, 6.3
-    # points pessimistic. The 8,192-GPU row is 2.5 points over (45.5 vs 43) (README, Fidelity).
-    "llama3-table4": (0.09, 0.17),
+    # its attention kernel nor how its MFU counts causal attention: counted half, the same step reads 31.3%, 6.7
+    # points pessimistic. The 8,192-GPU row reads 44.1 against 43 (+1.1 points), 16,384 40.8 against 41, since the
+    # paper's FP32 gradient accumulation over microbatches is priced as the add it is under PyTorch's autograd
+    # (README, Fidelity).
+    "llama3-table4": (0.065, 0.155),
     # within the 5% mean target; gpt3-175b fp8 at 2,048 GPUs is the worst row, +10.3% (+9.8% until a sequence-
     # parallel fp8 operand was cast on the rank's shard, as Transformer Engine casts it; the fp8 rows lose 3-6% from
     # 128 to 2,048 GPUs where bf16 loses 2%, and the twin keeps them flat; README, Fidelity)
@@ -122,14 +124,14 @@ BOUNDS = {  # table: (mean |error|, worst |error|)
     "mpt-h100": (0.09, 0.23),
     "mpt-h100-fp8": (0.09, 0.18),
     # misses the target: MPT on 128-512 H100 (January 2024, every setting in sweep.py). The checkpointed 13B, 30B and
-    # 70B rows are within 9%, but 1B, 3B and 7B without checkpointing on FlashAttention-2 are 20-35% fast, more so
-    # with more GPUs (published 8-10% down from 128 to 512, the twin 0-1%): the twin hides every FSDP gather and
-    # reduce-scatter under the blocks' compute (README, Fidelity)
-    "mpt-h100-large": (0.16, 0.36),
+    # 70B rows are within 9%, but 1B, 3B and 7B without checkpointing on FlashAttention-2 are 15-28% fast (20-35%
+    # before flash_attn_fn's unpadding was priced), more so with more GPUs (published 8-10% down from 128 to 512, the
+    # twin 0-1%): the twin hides every FSDP gather and reduce-scatter under the blocks' compute (README, Fidelity)
+    "mpt-h100-large": (0.12, 0.28),
 }
-LLAMA3_MFU_POINTS = {8192: 0.03, 131072: 0.065}
-"""Llama 3 Table 4 prints MFU to whole points; the target is 2 points and the rounding. The 8,192-GPU row misses it
-by about half a point; the 131k row (CP16) is 6.4 points over, by an MFU convention the paper does not state (see
+LLAMA3_MFU_POINTS = {8192: 0.025, 131072: 0.06}
+"""Llama 3 Table 4 prints MFU to whole points; the target is 2 points and the rounding. The 8k rows meet it (+1.1
+and -0.2 points); the 131k row (CP16) is 5.8 points over, by an MFU convention the paper does not state (see
 BOUNDS)."""
 
 
@@ -220,6 +222,35 @@ def test_every_mpt_row_fits_as_it_ran() -> None:
         assert memory.fits, (row, memory.reason)
         worst = max(worst, memory.peak / memory.capacity)
     assert worst > 0.85  # the table's micro-batches were chosen near the memory limit; the model sees that too
+
+
+def test_llm_foundrys_flash_attention_pays_its_unpadding_every_layer() -> None:
+    """llm-foundry 5e85bd62d runs FlashAttention-2 between bert_padding's unpad_input of q, k and v and pad_input of
+    the output: per token and hidden unit, 6 then 3 16-bit units moved forward (gathers; zeros and index_put), 1.5
+    and 0.667 times that backward (zeros and scatter_; a gather), on 28 and 7 kernels. Closed form on one layer of
+    the 1B row: nothing else in the layer moves."""
+    from benchmarks.published_mpt import UNPADDING
+    from twin.step.context import shape_of, step_context
+    from twin.step.kernels import layer_cost
+    from twin.step.predict import PredictOptions
+
+    row = next(r for r in MPT_H100_LARGE if r.model == "1b")
+    with_unpad = mpt_plan(row)
+    bare = api.load_plan(
+        with_unpad.model_dump() | {"stack": {"name": "llm-foundry-0.3", "overrides": {"attention_kernel": "fa2"}}}
+    )
+    costs = []
+    for plan in (with_unpad, bare):
+        ctx = step_context(plan, loader.plan_cluster(plan), PredictOptions(stragglers=False))
+        costs.append(layer_cost(plan.model, shape_of(ctx), ctx.device, ctx.stack, False, plan.layout.recompute))
+        device, tokens = ctx.device, shape_of(ctx).tokens
+    nbytes = tokens * with_unpad.model.hidden * 2
+    forward = device.elementwise_s(9 * nbytes, 28)
+    backward = device.elementwise_s(1.5 * 6 * nbytes, 6) + device.elementwise_s(0.667 * 3 * nbytes, 1)
+    assert [k["name"] for k in UNPADDING] == ["unpad_qkv", "pad_output"]
+    assert costs[0].forward_s - costs[1].forward_s == pytest.approx(forward, rel=1e-9)
+    assert costs[0].backward_input_s - costs[1].backward_input_s == pytest.approx(backward, rel=1e-9)
+    assert costs[0].backward_weight_s == pytest.approx(costs[1].backward_weight_s, rel=1e-12)
 
 
 @pytest.mark.consistency
