@@ -31,7 +31,7 @@ BOUNDS = {  # table: (mean |error|, worst |error|)
     # DeepEP's normal kernels: its README's rows set the H100's dispatcher rates (compute.ep_dispatch), an H200's
     # two-node run (DeepEP #493: two timings, each read both ways) checks them: -2.5% to +5.9%
     "deepep-kernels": (0.03, 0.065),
-    "narayanan-a100": (0.05, 0.10),  # below Calculon's 8.0% mean on the same rows (Isaev et al. 2023)
+    "narayanan-a100": (0.035, 0.085),  # below Calculon's 8.0% mean on the same rows (Isaev et al. 2023)
     # misses the 5% / 10% target: 32B -23%; every row but 16B and 32B optimistic, +2% to +13% (1.7B and 7.1B
     # +8% to +9% with no pipeline to argue about; the pipelined rows interleaved since the README's p2p overlap
     # exists only under the interleaved schedule: benchmarks/published.py mcore_virtual_stages)
