@@ -23,10 +23,11 @@ What the rows run, as the twin holds them: the `megatron-deepspeed-2022` stack a
 Jean Zay's gpu_p5 partition: four Omni-Path 100 Gb/s links for eight GPUs a node). Published: tokens per second per
 GPU, 2,048 x 2,048 tokens / GPUs / the logged seconds.
 
-Every row comes out optimistic, 3-19% (10.5% mean): TP1 +3%, TP2 +6-8%, TP4 +8-19%, the 384-GPU training layout
-+8.4%. What DeepSpeed's engine and BF16_Optimizer do is priced from their source (the stack's citations): the
+Every TP2 and TP4 row comes out optimistic (9.9% mean): TP1 −3%, TP2 +5-6%, TP4 +8-19%, the 384-GPU training
+layout +8.4%. What DeepSpeed's engine and BF16_Optimizer do is priced from their source (the stack's citations): the
 activation and its gradient split over the tensor-parallel ranks between stages and gathered on arrival; every
-microbatch's bf16 gradients upcast and added into the fp32 buffer (about 18 bytes a weight, 5-12% of a step); that
+microbatch's bf16 gradients, the output head's and the embedding's too, upcast and added into the fp32 buffer (about
+18 bytes a weight, 5-15% of a step); that
 buffer all-reduced after the flush where ZeRO-1 would reduce-scatter it; the tied embedding's fp32 gradient
 all-reduced between the first and last stage (14.4 GB at TP1 over Omni-Path: 2.9 s, which the other stages wait out
 at the barrier). Until they were (15.0% mean, every row 11-21%), the twin sent whole activations from every rank, a

@@ -16,9 +16,9 @@ from twin.step.casts import cast_bytes
 from twin.step.compute import DTENSOR_OPS_FORWARD, Device
 from twin.step.context import StepContext, shape_of, step_context
 from twin.step.costs import amax_reduction_s, current_amax_s, stage_costs
+from twin.step.ends import head_cost
 from twin.step.kernels import (
     ROUTER,
-    head_cost,
     kernel_bytes,
     layer_cost,
     routed_load,

@@ -10,7 +10,7 @@ from plan import loader
 from plan.model_math import layer_params, model_flops_per_token, mtp_params
 from twin.step.context import shape_of, step_context
 from twin.step.costs import layer_costs, mtp_projection_cost, stage_costs
-from twin.step.kernels import head_cost
+from twin.step.ends import head_cost
 from twin.step.memory import layer_params as rank_layer_params
 from twin.step.memory import stage_params
 from twin.step.predict import PredictOptions

@@ -15,7 +15,8 @@ from twin import api
 from twin.cli.app import app
 from twin.step.comm_costs import layer_comm, overlapped, tp_comm, zero3_layer_exposed
 from twin.step.context import StepContext, shape_of, step_context
-from twin.step.kernels import PassCost, embedding_cost, layer_cost, sm_margin
+from twin.step.ends import embedding_cost
+from twin.step.kernels import PassCost, layer_cost, sm_margin
 from twin.step.memory import layer_params
 from twin.step.predict import PredictOptions, predict, straggler_factor
 
@@ -242,6 +243,46 @@ def test_the_embeddings_backward_moves_its_whole_vocabulary_shards_dense_gradien
     wider = plan.model.model_copy(update={"vocab": 2 * m.vocab})
     grown = embedding_cost(wider, shape, dev, ctx.grad_bytes).backward_weight_s - cost.backward_weight_s
     assert grown == pytest.approx(dense / dev.elementwise_Bps)
+
+
+def test_without_wgrad_fusion_the_heads_and_embeddings_gradients_are_added_like_a_layers() -> None:
+    """Stack.wgrad_accumulation_fusion false: the output head's fresh weight gradient (vocab shard x hidden) is added
+    to the buffer each microbatch, 2 + 2 x grad_bytes bytes a weight in one kernel, and with
+    Stack.grad_accumulation_upcast (DeepSpeed's BF16_Optimizer) its temporary adds 2 x grad_bytes and a kernel; the
+    embedding's dense gradient pays the same temporary."""
+    from twin.step.ends import head_cost
+
+    over = ["stack=megatron-deepspeed-2022", "training.dtype=bf16"]
+    fused, apart, upcast = (
+        loader.load("gpt3-175b-1k", [*over, *extra])
+        for extra in (
+            ["stack.overrides.wgrad_accumulation_fusion=true", "stack.overrides.grad_accumulation_upcast=false"],
+            ["stack.overrides.grad_accumulation_upcast=false"],
+            [],
+        )
+    )
+    heads, embeddings = [], []
+    for plan in (fused, apart, upcast):
+        ctx = step_context(plan, loader.plan_cluster(plan), PredictOptions())
+        shape = shape_of(ctx)
+        heads.append(head_cost(plan.model, shape, ctx.device, ctx.stack))
+        embeddings.append(
+            embedding_cost(plan.model, shape, ctx.device, ctx.grad_bytes, ctx.stack.grad_accumulation_upcast)
+        )
+    m, dev, gb = fused.model, ctx.device, ctx.grad_bytes
+    weights = m.vocab / fused.layout.tp * m.hidden
+    assert gb == 4 and not ctx.stack.wgrad_accumulation_fusion
+    assert heads[1].backward_weight_s - heads[0].backward_weight_s == pytest.approx(
+        dev.memory_s(weights * (2 + 2 * gb), 1), rel=1e-9
+    )
+    assert heads[2].backward_weight_s - heads[1].backward_weight_s == pytest.approx(
+        dev.memory_s(weights * 2 * gb, 1), rel=1e-9
+    )
+    assert heads[2].forward_s == heads[0].forward_s and heads[2].backward_input_s == heads[0].backward_input_s
+    assert embeddings[1].backward_weight_s == embeddings[0].backward_weight_s
+    assert embeddings[2].backward_weight_s - embeddings[1].backward_weight_s == pytest.approx(
+        weights * 2 * gb / dev.elementwise_Bps + dev.kernel_s, rel=1e-9
+    )
 
 
 def _userbuffers_ctx(overrides: list[str]) -> tuple[StepContext, PassCost]:

@@ -24,8 +24,8 @@ from twin.step import schedules
 from twin.step.comm_costs import dp_costs, layer_comm, p2p_costs
 from twin.step.context import PredictOptions, shape_of, step_context
 from twin.step.costs import NORM_REDUCTION_BYTES, layer_costs, mtp_projection_cost, optimizer_s
+from twin.step.ends import embedding_cost, head_cost
 from twin.step.fabric import Fabric
-from twin.step.kernels import embedding_cost, head_cost
 from twin.step.memory import stage_layer_ranges
 from twin.step.pipeline_data import PipelineInput
 from twin.step.predict import predict, rank_memory, straggler_factor
@@ -108,7 +108,10 @@ class Bounds:
         shape = shape_of(ctx)
         out: dict[Any, tuple[float, float]] = {}
         for name, extra in (
-            ("embedding", embedding_cost(plan.model, shape, ctx.device, ctx.grad_bytes)),
+            (
+                "embedding",
+                embedding_cost(plan.model, shape, ctx.device, ctx.grad_bytes, ctx.stack.grad_accumulation_upcast),
+            ),
             ("head", head_cost(plan.model, shape, ctx.device, ctx.stack)),
         ):
             out[name] = (extra.forward_s, extra.backward_input_s + extra.backward_weight_s)

@@ -12,8 +12,9 @@ from twin.step import schedules
 from twin.step.comm_costs import edge_tp, layer_comm, zero3_layer_exposed
 from twin.step.compute import DTENSOR_OPS_BACKWARD, DTENSOR_OPS_FORWARD, Device
 from twin.step.context import StepContext, shape_of
+from twin.step.ends import embedding_cost, head_cost
 from twin.step.host import HostSharing, shares_cores
-from twin.step.kernels import PassCost, Shape, embedding_cost, head_cost, layer_cost
+from twin.step.kernels import PassCost, Shape, layer_cost
 from twin.step.memory import stage_layer_ranges, stage_params
 from twin.step.pipeline_data import ActionCost
 
@@ -51,9 +52,11 @@ def stage_costs(
         kernels = {"F": 0, "B": 0}
         moe_layers = 0
         head = head_cost(m, shape, ctx.device, ctx.stack)
-        extras = ([embedding_cost(m, shape, ctx.device, ctx.grad_bytes)] if stage == 0 else []) + (
-            [head] if stage == last else []
-        )
+        extras = (
+            [embedding_cost(m, shape, ctx.device, ctx.grad_bytes, ctx.stack.grad_accumulation_upcast)]
+            if stage == 0
+            else []
+        ) + ([head] if stage == last else [])
         layers = list(held)
         if stage == last and m.mtp_layers:  # multi-token prediction: a layer, a projection and the head again each
             layers += range(m.layers, m.layers + m.mtp_layers)

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from plan.schema import Layout, ModelSpec
 from plan.stack import Kernel, Stack
 from twin.step.casts import COLUMN_PARALLEL, Casts, fp8_cast_costs, grad_accumulation_s
-from twin.step.compute import ACT_BYTES, DTENSOR_OPS_BACKWARD, DTENSOR_OPS_FORWARD, LOSS_PARALLEL_DTENSOR_OPS, Device
+from twin.step.compute import ACT_BYTES, DTENSOR_OPS_BACKWARD, DTENSOR_OPS_FORWARD, Device
 
 Gemm = tuple[float, float, float, float]
 """(m, n, k, batch): a batch of m x k by k x n products."""
@@ -344,57 +344,3 @@ def _core_flops(m: ModelSpec, shape: Shape, stack: Stack) -> float:
     if stack.flash:
         return attention_flops(m, shape.microbatch, seq_q, shape.tp)
     return 2 * 2.0 * shape.microbatch * m.heads / shape.tp * seq_q * (shape.seq_kv or seq_q) * m.attention_width
-
-
-def head_cost(m: ModelSpec, shape: Shape, device: Device, stack: Stack) -> PassCost:
-    """The output head and loss on the last stage: a vocab-parallel GEMM, in bf16 under an fp8 plan
-    (Device.sixteen_bit), and the stack's loss kernels."""
-    tokens, h, v = float(shape.tokens), float(m.hidden), m.vocab / shape.tp
-    loss_ops = LOSS_PARALLEL_DTENSOR_OPS  # priced at the sharded per-op cost, zero where nothing is a DTensor
-    wide = device.sixteen_bit()
-    fwd = wide.linear_s(tokens, v, h, DTENSOR_OPS_FORWARD + loss_ops[0])
-    dgrad = wide.linear_s(tokens, h, v, DTENSOR_OPS_BACKWARD / 2 + loss_ops[1])
-    wgrad = wide.linear_s(h, v, tokens, DTENSOR_OPS_BACKWARD / 2)
-    sizes = tensor_sizes(m, shape, moe=False)
-    loss_fwd = loss_bwd = 0.0
-    kernels = [1, 2]
-    for k in stack.head_kernels:
-        nbytes = kernel_bytes(k, sizes, shape, stack)
-        loss_fwd += device.elementwise_s(nbytes, k.kernels)
-        loss_bwd += device.elementwise_s(k.backward * nbytes, k.backward_kernels)
-        kernels = [kernels[0] + k.kernels, kernels[1] + k.backward_kernels]
-    gemm = 2.0 * tokens * h * v
-    return PassCost(
-        forward_s=fwd + loss_fwd,
-        backward_input_s=dgrad + loss_bwd,
-        backward_weight_s=wgrad,
-        recompute_s=0.0,
-        forward_flops=gemm,
-        backward_flops=2 * gemm,
-        recompute_flops=0.0,
-        gemm_s=(dgrad, wgrad),
-        forward_gemm_s=fwd,
-        kernels=(kernels[0], kernels[1]),
-    )
-
-
-def embedding_cost(m: ModelSpec, shape: Shape, device: Device, grad_bytes: int) -> PassCost:
-    """The input embedding on the first stage: a gather forward; backward, a scatter-add of the tokens' gradients
-    into a dense gradient of the rank's whole vocabulary shard, zero-filled first, which is then added to the
-    buffer gradients accumulate in over the microbatches (`grad_bytes` per element). PyTorch's embedding backward
-    is dense unless the embedding is sparse (aten embedding_dense_backward), and Megatron's data-parallel wrapper
-    adds each microbatch's `grad` to `main_grad` (megatron/core/distributed param hooks); FSDP2 accumulates `grad`
-    likewise. At a 131k vocabulary that is a gigabyte or more moved per microbatch, whatever its tokens."""
-    nbytes = shape.tokens * m.hidden * shape.act_bytes
-    dense = m.vocab / shape.tp * m.hidden  # the gradient of the rank's vocabulary shard, every row
-    accumulate = dense * (2 * shape.act_bytes + 2 * grad_bytes)  # zero-fill and read it; read-add-write the buffer
-    return PassCost(
-        device.elementwise_s(2 * nbytes, 1),
-        0.0,
-        device.elementwise_s(3 * nbytes, 1) + device.elementwise_s(accumulate, 2),
-        0.0,
-        0.0,
-        0.0,
-        0.0,
-        kernels=(1, 3),
-    )

@@ -35,7 +35,8 @@ from twin.step.costs import (
     optimizer_s,
     stage_costs,
 )
-from twin.step.kernels import PassCost, head_cost
+from twin.step.ends import head_cost
+from twin.step.kernels import PassCost
 from twin.step.memory import MemoryBreakdown, rank_breakdowns, stage_layer_ranges, stage_params
 from twin.step.memory import activation_bytes as layer_activation_bytes
 from twin.step.pipeline import no_cycle_collection, simulate
