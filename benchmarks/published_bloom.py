@@ -23,21 +23,21 @@ What the rows run, as the twin holds them: the `megatron-deepspeed-2022` stack a
 Jean Zay's gpu_p5 partition: four Omni-Path 100 Gb/s links for eight GPUs a node). Published: tokens per second per
 GPU, 2,048 x 2,048 tokens / GPUs / the logged seconds.
 
-Every TP2 and TP4 row comes out optimistic (9.9% mean): TP1 −3%, TP2 +5-6%, TP4 +8-19%, the 384-GPU training
-layout +8.4%. What DeepSpeed's engine and BF16_Optimizer do is priced from their source (the stack's citations): the
-activation and its gradient split over the tensor-parallel ranks between stages and gathered on arrival; every
-microbatch's bf16 gradients, the output head's and the embedding's too, upcast and added into the fp32 buffer (about
-18 bytes a weight, 5-15% of a step); that
-buffer all-reduced after the flush where ZeRO-1 would reduce-scatter it; the tied embedding's fp32 gradient
-all-reduced between the first and last stage (14.4 GB at TP1 over Omni-Path: 2.9 s, which the other stages wait out
-at the barrier). Until they were (15.0% mean, every row 11-21%), the twin sent whole activations from every rank, a
-cost that happened to grow with TP as the remaining error does. Still open: what makes the TP4 layouts slower than
-the twin sees (the 24-node TP4 PP12 log line is 3% slower per GPU than the 48-node one, where the twin makes it 6%
-faster); the reshaping rows are each the second or third iteration after a resume. Omni-Path's NCCL efficiency is an
-estimate (jean-zay-a100.yaml); whether the node's eight GPUs share an NVSwitch is not published. The README puts
-memory at "60 GB of memory on each GPU" (what nvidia-smi shows, the caching allocator's reserve included); the twin's
-peak is 37 GiB on the first stage of the 384-GPU layout, the unsharded fp32 gradient buffer (14.8 GiB) counted, not
-the flattened copy of it that allreduce_bucket makes.
+Every TP2 and TP4 row comes out optimistic (10.2% mean): TP1 −3%, TP2 +5-6%, TP4 +10-20%, the 384-GPU training layout
++9.7%. What DeepSpeed's engine and BF16_Optimizer do is priced from their source (the stack's citations): the activation
+and its gradient split over the tensor-parallel ranks between stages and gathered on arrival; every microbatch's bf16
+gradients, the output head's and the embedding's too, upcast and added into the fp32 buffer (about 18 bytes a weight,
+5-15% of a step); that buffer cast to bf16 and all-reduced after the flush where ZeRO-1 would reduce-scatter it; the
+tied embedding's fp32 gradient all-reduced between the first and last stage (14.4 GB at TP1 over Omni-Path: 2.9 s, which
+the other stages wait out at the barrier). Until they were (15.0% mean, every row 11-21%), the twin sent whole
+activations from every rank, a cost that happened to grow with TP as the remaining error does. Still open: what makes
+the TP4 layouts slower than the twin sees (the 24-node TP4 PP12 log line is 3% slower per GPU than the 48-node one,
+where the twin makes it 6% faster); the reshaping rows are each the second or third iteration after a resume.
+Omni-Path's NCCL efficiency is an estimate (jean-zay-a100.yaml); whether the node's eight GPUs share an NVSwitch is not
+published. The README puts memory at "60 GB of memory on each GPU" (what nvidia-smi shows, the caching allocator's
+reserve included); the twin's peak is 46 GiB on the first stage of the 384-GPU layout, the unsharded fp32 gradient
+buffer (14.8 GiB) and the bf16 gradients BF16_Optimizer keeps beside it (7.4 GiB) counted, not the flattened copy of the
+buffer that allreduce_bucket makes after the backward.
 
 Run as part of benchmarks/published_figures.py.
 """

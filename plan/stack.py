@@ -262,7 +262,14 @@ class Stack(UserSection):
     """Without wgrad accumulation fusion, the fresh 16-bit gradient is first upcast into a temporary of the buffer's
     dtype, which the add then reads: one more kernel and the buffer's bytes written and read again, per weight
     (DeepSpeed's BF16_Optimizer.update_hp_grads, `hp_grad.add_(lp.grad.to(hp_grad.dtype))`, after every
-    microbatch's backward: deepspeed/runtime/bf16_optimizer.py at microsoft/DeepSpeed 9b70ce56e)."""
+    microbatch's backward: deepspeed/runtime/bf16_optimizer.py at microsoft/DeepSpeed 9b70ce56e). The 16-bit
+    gradients it adds stay allocated until the next backward begins (the pipeline engine's clear_lp_grads), so
+    memory holds them beside the buffer, and the largest tensor's temporary as a transient."""
+    grad_wire_dtype: Literal["fp16", "bf16", "fp32"] | None = None
+    """The dtype the data-parallel gradient reduction moves where it is not the buffer's (grad_reduce_dtype):
+    DeepSpeed's engine casts each flattened bucket of its fp32 buffer to its communication_data_type, bf16 under bf16
+    at ZeRO stage 0, before the all-reduce and back after (runtime/engine.py communication_data_type,
+    allreduce_bucket). Unset: the buffer's dtype."""
     zero_grad_reduce: Literal["reduce-scatter", "all-reduce"] = "reduce-scatter"
     """How a ZeRO-1 plan reduces its gradients over the data-parallel ranks before each updates its shard:
     reduce-scatter (Megatron's distributed optimizer, DeepSpeed's ZeRO stage 1), or all-reduce of the whole buffer
@@ -298,6 +305,16 @@ class Stack(UserSection):
         if bad := sorted(set(margins) - {"proj", "fc2"}):
             raise ValueError(f"an SM margin is set for the pipelined reduce-scatters of proj and fc2, not {bad}")
         return margins
+
+    @model_validator(mode="after")
+    def _upcast_needs_an_add(self) -> Stack:
+        if self.grad_accumulation_upcast and self.wgrad_accumulation_fusion:
+            raise ValueError(
+                "grad_accumulation_upcast prices the add that follows each weight-gradient GEMM, which "
+                "wgrad_accumulation_fusion says does not happen; set wgrad_accumulation_fusion false, or drop the "
+                "upcast"
+            )
+        return self
 
     @property
     def flash(self) -> bool:

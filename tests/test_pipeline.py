@@ -142,7 +142,8 @@ def test_a_gpu_rank_running_ahead_of_the_clock_times_the_step_as_event_by_event(
 
 def _uneven(name: str, p: int, v: int, m: int, blocking: bool) -> PipelineInput:
     """A step whose stages cost unevenly (the last has the head), with exposed TP inside actions, slow
-    point-to-point sends that queue on their link, bucketed DP reduction, a ZeRO-3 gather and an optimizer."""
+    point-to-point sends that queue on their link, bucketed DP reduction, a tied embedding's all-reduce between the
+    first and last stage, a ZeRO-3 gather and an optimizer."""
     orders = build(name, p, v, m)
     stages, split = p * v, splits_weight_grad(name)
     costs = {}
@@ -155,6 +156,7 @@ def _uneven(name: str, p: int, v: int, m: int, blocking: bool) -> PipelineInput:
     ranks = tuple(stage_rank(name, p, s) for s in range(stages))
     return PipelineInput(
         orders, ranks, costs, sends, split, dp_stage_s={s: 2.5 for s in range(stages)},
+        tied_stage_s={0: 0.4, stages - 1: 0.4},
         gather_stage_s={s: 0.3 for s in range(stages)}, optimizer_s={r: 0.2 for r in range(p)}, barrier_s=0.05,
         dp_overlap=0.8, blocking_sends=blocking,
     )  # fmt: skip

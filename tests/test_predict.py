@@ -236,12 +236,12 @@ def test_the_embeddings_backward_moves_its_whole_vocabulary_shards_dense_gradien
     ctx = step_context(plan, loader.plan_cluster(plan), PredictOptions())
     shape, m, dev = shape_of(ctx), plan.model, ctx.device
     assert ctx.grad_bytes == grad_bytes
-    cost = embedding_cost(m, shape, dev, ctx.grad_bytes)
+    cost = embedding_cost(m, shape, dev, ctx.grad_bytes, upcast=False)
     rows = 3 * shape.tokens * m.hidden * 2  # the tokens' gradient rows: read, read, write
     dense = m.vocab / plan.layout.tp * m.hidden * (2 + 2 + 2 * grad_bytes)  # zero-fill; read it; read-add-write
     assert cost.backward_weight_s == pytest.approx((rows + dense) / dev.elementwise_Bps + 3 * dev.kernel_s)
     wider = plan.model.model_copy(update={"vocab": 2 * m.vocab})
-    grown = embedding_cost(wider, shape, dev, ctx.grad_bytes).backward_weight_s - cost.backward_weight_s
+    grown = embedding_cost(wider, shape, dev, ctx.grad_bytes, upcast=False).backward_weight_s - cost.backward_weight_s
     assert grown == pytest.approx(dense / dev.elementwise_Bps)
 
 
@@ -410,11 +410,12 @@ def test_a_post_backward_prefetch_waits_for_every_layers_gather() -> None:
 
 def _runs_plan(runs: int, batch: int) -> Plan:
     """GPT-3 175B on 256 H100 at TP8 PP4 (1F1B), gradients all-reduced (no ZeRO, so no parameter gather after the
-    optimizer), `batch` sequences a step."""
+    optimizer), its embeddings untied (so no all-reduce between the first and last stage, which runs once a step),
+    `batch` sequences a step."""
     return loader.load(
         "gpt3-175b-1k",
         [f"layout.schedule_runs={runs}", f"training.global_batch={batch}", "layout.schedule=1f1b",
-         "layout.virtual_stages=1", "layout.pp=4", "layout.dp=8", "layout.zero=0"],
+         "layout.virtual_stages=1", "layout.pp=4", "layout.dp=8", "layout.zero=0", "model.tied_embeddings=false"],
     )  # fmt: skip
 
 
@@ -498,19 +499,32 @@ def test_a_tied_embeddings_gradient_is_all_reduced_between_the_first_and_last_st
     assert tied_embedding_s(step_context(untied, loader.plan_cluster(untied), options)) == {}
     one = loader.load("gpt3-175b-1k", [*over, "layout.pp=1", "layout.tp=8", "layout.dp=8"])
     assert tied_embedding_s(step_context(one, loader.plan_cluster(one), options)) == {}
+    # a V-shaped schedule holds the first and the last stage on one rank: nothing to all-reduce between them
+    v_shaped = [*over, "layout.schedule=zbv", "layout.virtual_stages=2", "training.global_batch=64"]
+    vee, vee_untied = (
+        loader.load("gpt3-175b-1k", [*v_shaped, f"model.tied_embeddings={t}"]) for t in ("true", "false")
+    )
+    assert tied_embedding_s(step_context(vee, loader.plan_cluster(vee), options)) == {}
+    a, b = (predict(p, options=options).stage_phases_s for p in (vee, vee_untied))
+    assert [x["comm_pp"] for x in a] == pytest.approx([x["comm_pp"] for x in b], rel=1e-12, abs=1e-12)
 
 
-@pytest.mark.parametrize("zero,setting,op", [(1, "all-reduce", "all_reduce"), (1, "reduce-scatter", "reduce_scatter"),
-                                             (2, "all-reduce", "reduce_scatter")])  # fmt: skip
-def test_zero1s_gradients_reduce_as_the_stack_says(zero: int, setting: str, op: str) -> None:
+def test_zero1s_gradients_reduce_as_the_stack_says() -> None:
     """Stack.zero_grad_reduce: DeepSpeed's BF16_Optimizer all-reduces the whole fp32 buffer where Megatron's
-    distributed optimizer reduce-scatters it; ZeRO-2 reduce-scatters either way."""
-    from twin.step.comm_costs import dp_costs
-    from twin.step.memory import stage_params
+    distributed optimizer reduce-scatters it, twice the ring's bytes (2(n-1)/n against (n-1)/n); ZeRO-2
+    reduce-scatters either way. Stack.grad_wire_dtype bf16 halves what the all-reduce moves."""
+    from twin.step.comm_costs import dp_costs, dp_reduction
 
-    over = [f"layout.zero={zero}", f"stack.overrides.zero_grad_reduce={setting}"]
-    plan = loader.load("gpt3-175b-1k", ["stack=megatron-core-0.8", *over])
-    ctx = step_context(plan, loader.plan_cluster(plan), PredictOptions(stragglers=False))
-    reduce_s, _, _ = dp_costs(ctx)
-    dp, _ = ctx.replica_spans()
-    assert reduce_s[0] == pytest.approx(ctx.time(op, ctx.grad_bytes * stage_params(plan, 0).dense, dp), rel=1e-12)
+    def reduction(zero: int, *extra: str) -> tuple[float, str, int]:
+        plan = loader.load("gpt3-175b-1k", ["stack=megatron-core-0.8", f"layout.zero={zero}", *extra])
+        ctx = step_context(plan, loader.plan_cluster(plan), PredictOptions(stragglers=False))
+        return (dp_costs(ctx)[0][0], *dp_reduction(ctx))
+
+    scatter, op, wire = reduction(1)
+    assert (op, wire) == ("reduce_scatter", 4)
+    whole, op, _ = reduction(1, "stack.overrides.zero_grad_reduce=all-reduce")
+    assert op == "all_reduce" and 1.8 < whole / scatter <= 2.0
+    assert reduction(2, "stack.overrides.zero_grad_reduce=all-reduce")[:2] == (scatter, "reduce_scatter")
+    bf16 = ("stack.overrides.zero_grad_reduce=all-reduce", "stack.overrides.grad_wire_dtype=bf16")
+    half, op, wire = reduction(1, *bf16)
+    assert (op, wire) == ("all_reduce", 2) and 1.8 < whole / half <= 2.0

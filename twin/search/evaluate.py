@@ -21,7 +21,7 @@ from plan.schema import Plan
 from plan.stack import Stack
 from twin.search.space import Knobs, Shape, plan_data
 from twin.step import schedules
-from twin.step.comm_costs import dp_costs, layer_comm, p2p_costs
+from twin.step.comm_costs import dp_costs, layer_comm, p2p_costs, tied_embedding_s
 from twin.step.context import PredictOptions, shape_of, step_context
 from twin.step.costs import NORM_REDUCTION_BYTES, layer_costs, mtp_projection_cost, optimizer_s
 from twin.step.ends import embedding_cost, head_cost
@@ -165,10 +165,12 @@ class Bounds:
         finish, done, exact = _walk(lay.schedule, lay.pp, lay.virtual_stages, count, durations, owner, p2p_costs(ctx))
         # each stage's gradient buckets queue on its rank's data-parallel link as its final backward runs (the
         # last one ready only as that action ends); then the rank reduces what its buckets did not overlap, meets
-        # the others at the gradient-norm all-reduce (a barrier) and steps its optimizer
+        # the others at the gradient-norm all-reduce (a barrier) and steps its optimizer; the first and last stage's
+        # ranks all-reduce a tied embedding's gradient beside their reduction
         reduce_s, _, _ = dp_costs(ctx)
+        tied = tied_embedding_s(ctx)
         final = "W" if split else "B"
-        after = []
+        after, tied_after = [], []
         for r in range(lay.pp):
             mine = [s for s in range(lay.num_stages) if owner[s] == r]
             ready = finish[r]
@@ -179,8 +181,10 @@ class Bounds:
                 link = max(first + BUCKETS * sum(per_bucket.values()), *(ends[s] + per_bucket[s] for s in mine))
                 ready = max(ready, link)
             after.append(ready + (1 - ctx.dp_overlap) * sum(reduce_s.get(s, 0.0) for s in mine))
+            tied_after.append(after[-1] + sum(tied.get(s, 0.0) for s in mine))
         barrier = ctx.time("all_reduce", NORM_REDUCTION_BYTES, ctx.span("dp", "pp", "cp", "tp"))
-        step = lay.schedule_runs * max(after) + barrier + max(optimizer_s(ctx).values())  # a step's runs in turn
+        runs = lay.schedule_runs  # a step's runs in turn (the tied all-reduce, once a step, left out of several)
+        step = (runs * max(after) if runs > 1 else max(tied_after)) + barrier + max(optimizer_s(ctx).values())
         step *= 1.0 if exact else 1.0 - WALK_MARGIN
         gpu = self.cluster.accelerator.kind != "cpu"
         return step * (straggler_factor(self.cluster, shape.gpus) if gpu else 1.0)

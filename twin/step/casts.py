@@ -71,7 +71,7 @@ def _casts(device: Device, operands: list[tuple[float, float]], nbytes: float, k
 
 
 def grad_accumulation_s(
-    device: Device, gemms: dict[str, list[Gemm]], grad_bytes: int, upcast: bool = False
+    device: Device, gemms: dict[str, list[Gemm]], grad_bytes: int, upcast: bool
 ) -> tuple[float, float, int]:
     """(seconds, FLOPs, kernels) without wgrad accumulation fusion (Stack.wgrad_accumulation_fusion): each weight's
     fresh 16-bit gradient is added to its accumulation buffer every microbatch, reading 2 bytes and `grad_bytes`

@@ -17,7 +17,7 @@ from __future__ import annotations
 from plan.accelerator import DispatchKernel
 from twin.step import schedules
 from twin.step.collectives import all_to_all_time, node_forwarded_share, node_forwarded_time
-from twin.step.context import StepContext, shape_of
+from twin.step.context import DTYPE_BYTES, StepContext, shape_of
 from twin.step.kernels import PassCost, mlp_tp, routed_load, routing_shard, sm_margin
 from twin.step.memory import layer_params, stage_params
 
@@ -262,14 +262,26 @@ def p2p_costs(ctx: StepContext) -> dict[tuple[int, int], float]:
     return out
 
 
+def dp_reduction(ctx: StepContext) -> tuple[str, int]:
+    """The data-parallel gradient reduction's collective and the bytes per element it moves: an all-reduce without
+    ZeRO, or under ZeRO-1 where the stack all-reduces the whole buffer (Stack.zero_grad_reduce), else a
+    reduce-scatter; in the stack's wire dtype where it casts the buffer for the collective (Stack.grad_wire_dtype),
+    else the buffer's."""
+    lay, stack = ctx.plan.layout, ctx.stack
+    all_reduce = lay.zero == 0 or (lay.zero == 1 and stack.zero_grad_reduce == "all-reduce")
+    wire = DTYPE_BYTES[stack.grad_wire_dtype] if stack.grad_wire_dtype else ctx.grad_bytes
+    return ("all_reduce" if all_reduce else "reduce_scatter"), wire
+
+
 def tied_embedding_s(ctx: StepContext) -> dict[int, float]:
     """Per stage: the tied word embedding's gradient all-reduce between the stage holding the input embedding (the
     first) and the one holding the output layer that shares it (the last), on each tensor-parallel rank's vocabulary
-    shard, in the gradient buffer's dtype, once the pipeline has flushed and the data-parallel reduction is done:
-    Megatron's _allreduce_embedding_grads (core_v0.8.0 megatron/core/distributed/finalize_model_grads.py, after
-    finish_grad_sync; megatron/training.py train_step in 2021) and DeepSpeed's ReduceTiedGrads instruction
-    (runtime/pipe/engine.py _exec_reduce_tied_grads, the fp32 gradient under bf16). None where the two stages share
-    a rank (a V-shaped schedule) or the embeddings are not tied."""
+    shard, in the gradient buffer's dtype, once the pipeline has flushed, exposed: Megatron's
+    _allreduce_embedding_grads after the data-parallel reduction (core_v0.8.0 megatron/core/distributed/
+    finalize_model_grads.py, after finish_grad_sync; megatron/training.py train_step in 2021), DeepSpeed's
+    ReduceTiedGrads instruction just before it (runtime/pipe/schedule.py TrainSchedule, engine.py
+    _exec_reduce_tied_grads on the fp32 gradient under bf16), the two back to back either way. None where the two
+    stages share a rank (a V-shaped schedule) or the embeddings are not tied."""
     lay, m = ctx.plan.layout, ctx.plan.model
     last = lay.num_stages - 1
     if not m.tied_embeddings or last == 0:
@@ -292,10 +304,9 @@ def dp_costs(ctx: StepContext) -> tuple[dict[int, float], dict[int, float], floa
     if lay.weight_replicas == 1 or (lay.zero == 3 and lay.pp == 1):
         return reduce_s, gather_s, 0.0
     dp, edp = ctx.replica_spans()
-    all_reduce = lay.zero == 0 or (lay.zero == 1 and ctx.stack.zero_grad_reduce == "all-reduce")
-    op = "all_reduce" if all_reduce else "reduce_scatter"
+    op, g = dp_reduction(ctx)
     param_gather = 0.0
-    g, w = ctx.grad_bytes, ctx.param_bytes
+    w = ctx.param_bytes
     for stage in range(lay.num_stages):
         p = stage_params(plan, stage)
         reduce_s[stage] = ctx.time(op, g * p.dense, dp) + ctx.time(op, g * p.expert, edp)

@@ -50,7 +50,7 @@ def head_cost(m: ModelSpec, shape: Shape, device: Device, stack: Stack) -> PassC
     )
 
 
-def embedding_cost(m: ModelSpec, shape: Shape, device: Device, grad_bytes: int, upcast: bool = False) -> PassCost:
+def embedding_cost(m: ModelSpec, shape: Shape, device: Device, grad_bytes: int, upcast: bool) -> PassCost:
     """The input embedding on the first stage: a gather forward; backward, a scatter-add of the tokens' gradients
     into a dense gradient of the rank's whole vocabulary shard, zero-filled first, which is then added to the
     buffer gradients accumulate in over the microbatches (`grad_bytes` per element). PyTorch's embedding backward

@@ -223,6 +223,19 @@ def transient_bytes(plan: Plan, stack: Stack, stages: Sequence[int], last: bool)
     return max(candidates)
 
 
+def upcast_bytes(plan: Plan, stages: Sequence[int], grad_bytes: int) -> tuple[float, float]:
+    """Under Stack.grad_accumulation_upcast (DeepSpeed's BF16_Optimizer): the 16-bit gradients of every parameter the
+    rank holds, which stay allocated beside the buffer until the next backward clears them (pipe/engine.py calls
+    clear_lp_grads at a backward's start and update_hp_grads with clear_lp_grads=False after it), and the largest
+    tensor's temporary in the buffer's dtype that the upcast allocates (the vocabulary shard where the rank holds an
+    embedding, else a layer's widest weight)."""
+    m, lay = plan.model, plan.layout
+    held = sum(p.dense + p.expert for p in (stage_params(plan, s) for s in stages))
+    vocab = m.vocab / lay.tp * m.hidden if 0 in stages or lay.num_stages - 1 in stages else 0.0
+    widest = max(m.hidden * m.ffn_hidden * (2 if m.glu else 1), 3 * m.hidden * m.hidden) / lay.tp
+    return 2 * held, grad_bytes * max(vocab, widest)
+
+
 def rank_breakdowns(
     plan: Plan, cluster: Cluster, stack: Stack, peak_live_layers: list[float], grad_bytes: int = 2
 ) -> list[MemoryBreakdown]:
@@ -237,6 +250,9 @@ def rank_breakdowns(
         weights, grads, optim = rank_state_bytes(plan, stages, grad_bytes, weight_bytes(plan, stack))
         acts = peak_live_layers[rank] * dense_act
         transient = transient_bytes(plan, stack, stages, last=lay.num_stages - 1 in stages)
+        if stack.grad_accumulation_upcast:
+            kept, largest = upcast_bytes(plan, stages, grad_bytes)
+            grads, transient = grads + kept, max(transient, largest)
         peak = weights + grads + optim + acts + transient + RESERVED_BYTES
         fits = peak <= capacity
         reason = f"peak {peak / GiB:.1f} GiB of {capacity / GiB:.1f} GiB on pipeline rank {rank}" + (

@@ -45,7 +45,8 @@ class PipelineInput:
     """Seconds of data-parallel gradient reduction of each stage's weights, overlapped with its final backward."""
     tied_stage_s: Mapping[int, float] = field(default_factory=dict)
     """Seconds of the tied word embedding's gradient all-reduce between the first and the last stage, which their
-    ranks run after their data-parallel reduction and before the step-end barrier (comm_costs.tied_embedding_s)."""
+    ranks run once the pipeline has flushed, back to back with the rest of their data-parallel reduction, before the
+    step-end barrier (comm_costs.tied_embedding_s)."""
     gather_stage_s: Mapping[int, float] = field(default_factory=dict)
     """Seconds of ZeRO-3 parameter gathering of each stage before its first forward (pipelined FSDP)."""
     optimizer_s: Mapping[int, float] = field(default_factory=dict)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 from functools import cached_property
 from statistics import NormalDist
@@ -24,7 +25,7 @@ from plan.schema import Plan
 from plan.stack import Stack
 from twin.step import schedules
 from twin.step.collectives import collective_time
-from twin.step.comm_costs import dispatch_substitute, dp_costs, p2p_costs, tied_embedding_s
+from twin.step.comm_costs import dispatch_substitute, dp_costs, dp_reduction, p2p_costs, tied_embedding_s
 from twin.step.compute import Device, attention_substitute
 from twin.step.context import PredictOptions, StepContext, grad_reduce_bytes, shape_of, step_context
 from twin.step.costs import (
@@ -187,13 +188,17 @@ def _predict(plan: Plan, cluster: Cluster | None, options: PredictOptions) -> St
         result = simulate(replace(inp, orders=orders_for(m)))
     else:
         result = simulate_extended(inp, orders_for, lay.schedule, lay.pp, m)
-    result = repeated(result, lay.schedule_runs, inp.barrier_s)
+    tied = {r: sum(t for st, t in inp.tied_stage_s.items() if inp.stage_rank[st] == r) for r in set(inp.stage_rank)}
+    result = repeated(result, lay.schedule_runs, inp.barrier_s, tied)
     return _summarise(ctx, result, rank_memory(plan, cluster, ctx.stack), param_gather, kinds)
 
 
-def repeated(result: PipelineResult, runs: int, barrier_s: float) -> PipelineResult:
+def repeated(
+    result: PipelineResult, runs: int, barrier_s: float, tied: Mapping[int, float] | None = None
+) -> PipelineResult:
     """A step of `runs` runs of the simulated schedule (Layout.schedule_runs), one after another: each run's fill,
-    drain and gradient reduction again, the step-end gradient-norm all-reduce and the optimizer once. Every rank
+    drain and gradient reduction again, the step-end gradient-norm all-reduce, a tied embedding's all-reduce (each
+    rank's `tied` seconds: the trainer finalizes its gradients once a step) and the optimizer once. Every rank
     leaves the barrier at the same moment, so each run starts once the slowest rank has finished the one before; a
     later stage's exposed reduction that could overlap the next run's fill is counted whole (the bound errs slow).
     A rank's work and waits up to the barrier repeat `runs` times, the barrier, its optimizer and its wait for the
@@ -204,7 +209,8 @@ def repeated(result: PipelineResult, runs: int, barrier_s: float) -> PipelineRes
     ranks, shift = [], {}
     for r, t in enumerate(result.ranks):
         tail = result.step_s - t.end  # waiting for the slowest optimizer, once
-        before = t.end - t.optimizer - barrier_s  # the rank's run up to the barrier
+        once = (tied or {}).get(r, 0.0)
+        before = t.end - t.optimizer - barrier_s - once  # the rank's run up to the barrier, less what runs once
         shift[r] = (runs - 1) * before
         ranks.append(
             replace(
@@ -215,7 +221,7 @@ def repeated(result: PipelineResult, runs: int, barrier_s: float) -> PipelineRes
                 cp=runs * t.cp,
                 ep=runs * t.ep,
                 dp=runs * t.dp,
-                pp=runs * t.pp,
+                pp=runs * (t.pp - once) + once,
                 forward=runs * t.forward,
                 bubble=runs * (t.bubble - tail) - (runs - 1) * barrier_s + tail,
                 end=t.end + shift[r],
@@ -355,12 +361,13 @@ def _collective_summary(ctx: StepContext) -> dict[str, dict[str, Any]]:
     lay, m = ctx.plan.layout, ctx.plan.model
     tokens = lay.microbatch_size * m.seq_len // lay.cp
     stream = tokens * m.hidden * ctx.comm_bytes
-    grads = ctx.grad_bytes * sum(stage_params(ctx.plan, s).dense for s in range(lay.num_stages)) / lay.num_stages
+    reduce_op, wire = dp_reduction(ctx)
+    grads = wire * sum(stage_params(ctx.plan, s).dense for s in range(lay.num_stages)) / lay.num_stages
     typical = {
         "tp": ("all_gather" if lay.sequence_parallel else "all_reduce", stream),
         "cp": ("p2p", stream),
         "ep": ("all_to_all", stream * max(1, m.top_k)),
-        "dp": ("all_reduce" if lay.zero == 0 else "reduce_scatter", grads),
+        "dp": (reduce_op, grads),
         "pp": ("p2p", stream / lay.tp if lay.sequence_parallel or ctx.stack.pp_scatter_gather else stream),
     }
     out = {}

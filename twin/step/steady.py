@@ -64,7 +64,7 @@ far than that (`_two_short_steps` checks it)."""
 WATCHED_WINDOWS = 16
 """Windows of microbatches a zero-bubble step is first watched over (twice as many each time its events do not
 repeat in time): the step of m itself is built only where it must be simulated whole, not to be watched. A
-choice, checked on GPT-3 175B: its repeats come at 93-317 microbatches, which 16 windows less the tail (window
+choice, checked on GPT-3 175B: its repeats come at 103-317 microbatches, which 16 windows less the tail (window
 5-33 microbatches at pp 4-16) hold from pp 8 on and one doubling holds at pp 4."""
 
 REL_TOL = 1e-9
