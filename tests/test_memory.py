@@ -45,6 +45,18 @@ def test_zero_model_state_is_16_bytes_per_param_sharded_by_stage(model: str, zer
         assert weights + grads + optimizer == pytest.approx(16 * n)  # Rajbhandari et al. 2020
 
 
+def test_zero2_gradients_build_up_whole_over_a_steps_microbatches() -> None:
+    """ZeRO-2 reduce-scatters a step's gradients once (comm_costs.dp_costs), so over several microbatches they
+    accumulate whole on every rank (FSDP's no_sync; Llama 3's fp32 accumulation) and are sharded only after; with
+    one microbatch a step they are sharded as they are made. ZeRO-3's stay sharded either way."""
+    common = ["model=llama3-8b", "layout.tp=1", "layout.pp=1", "layout.dp=8", "cluster=dgx-h100-superpod"]
+    n = param_count(loader.load("cpu-tiny", common).model).total
+    for zero, batch, held in ((2, 16, n / 8), (2, 32, n), (3, 32, n / 8)):
+        plan = loader.load("cpu-tiny", [*common, f"layout.zero={zero}", f"training.global_batch={batch}"])
+        assert (plan.num_microbatches > 1) == (batch == 32)
+        assert rank_state_bytes(plan, [0])[1] == pytest.approx(2 * held), (zero, batch)
+
+
 @pytest.mark.parametrize("zero", [1, 2, 3])
 def test_context_parallel_ranks_share_the_zero_shards(zero: int) -> None:
     """Context-parallel ranks hold the same weights, so ZeRO shards over dp · cp (Megatron-Core's data-parallel

@@ -3,9 +3,10 @@ policy, the microbatches the schedule keeps in flight, and whether it all fits.
 
 Model state follows the mixed-precision Adam accounting of Rajbhandari et al. 2020 (ZeRO, §3): bf16 weights (2 B),
 bf16 gradients (2 B) and fp32 master weights, momentum and variance (12 B) — 16 bytes per parameter — with ZeRO-1
-sharding the 12 B over the data-parallel group (dp · cp: context-parallel ranks hold the same weights), ZeRO-2
-the gradients too and ZeRO-3 the weights as well. Expert weights are sharded over their own expert-data-parallel
-group (dp / ep · cp). A plan that trains in fp32 has no separate master copy (16 B in all).
+sharding the 12 B over the data-parallel group (dp · cp: context-parallel ranks hold the same weights), ZeRO-2 the
+gradients too (once a step's microbatches are accumulated) and ZeRO-3 the weights as well. Expert weights are
+sharded over their own expert-data-parallel group (dp / ep · cp). A plan that trains in fp32 has no separate master
+copy (16 B in all).
 
 Activations follow Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer Models", §4),
 counted tensor by tensor from the stack's kernels (see `activation_bytes`): unfused attention keeps its s x s
@@ -188,7 +189,11 @@ def rank_state_bytes(
 
     # a plan that trains in fp32 keeps no separate master copy: its fp32 weights are it (16 B with Adam in all)
     opt = OPTIMIZER_BYTES[plan.training.optimizer] - (4 if plan.training.dtype == "fp32" else 0)
-    return param_bytes * shard(3), grad_bytes * shard(2), opt * shard(1)
+    # ZeRO-2 gradients of a step that accumulates several microbatches build up whole and are reduce-scattered once,
+    # as the step prices the reduction (comm_costs.dp_costs; FSDP's no_sync, Llama 3's fp32 accumulation, §3.3.2):
+    # sharded only after it
+    grads = shard(3) if lay.zero == 2 and plan.num_microbatches > 1 else shard(2)
+    return param_bytes * shard(3), grad_bytes * grads, opt * shard(1)
 
 
 def logits_bytes(stack: Stack) -> int:
