@@ -214,7 +214,8 @@ JANUARY_2024 = (("fsdp_backward_prefetch", "pre"),)
 limit_all_gathers true; PURE mixed precision, so bf16 reduce-scatters, on the row)."""
 UNPADDING = (
     # unpad_input for q, k and v: each a sum, nonzero, max (.item()), cumsum and pad over the mask, then
-    # IndexFirstAxis' torch.gather of the rows (read and write); backward torch.zeros and scatter_ (write, read, write)
+    # IndexFirstAxis' torch.gather of the rows (read and write); backward torch.zeros and scatter_ (write, read, write).
+    # Kernels an estimate: 8 a tensor, counting torch.nonzero as three (its count, scan and select)
     {
         "name": "unpad_qkv",
         "reads": {"h": 3},
@@ -223,7 +224,8 @@ UNPADDING = (
         "backward": 1.5,
         "backward_kernels": 6,
     },
-    # pad_input of the output: IndexPutFirstAxis' torch.zeros and index_put (write, read, write); backward a gather
+    # pad_input of the output: IndexPutFirstAxis' torch.zeros and index_put (write, read, write; index_put an
+    # estimated three kernels); backward a gather
     {
         "name": "pad_output",
         "reads": {"h": 1},

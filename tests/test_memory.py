@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from plan import loader
+from plan.errors import PlanError
 from plan.model_math import param_count
 from plan.stacks import load_stack
 from twin.step.comm_costs import dp_costs
@@ -17,7 +18,7 @@ from twin.step.memory import (
     stage_params,
     transient_bytes,
 )
-from twin.step.predict import DEFAULT_OPTIONS, predict
+from twin.step.predict import DEFAULT_OPTIONS, predict, rank_memories
 
 
 @pytest.mark.parametrize("model", ["llama3-8b", "gpt3-175b", "tiny"])
@@ -43,6 +44,23 @@ def test_zero_model_state_is_16_bytes_per_param_sharded_by_stage(model: str, zer
     assert optimizer == pytest.approx(12 * n / (dp if zero >= 1 else 1))
     if zero == 0:
         assert weights + grads + optimizer == pytest.approx(16 * n)  # Rajbhandari et al. 2020
+
+
+def test_an_upcasting_optimizer_keeps_its_16_bit_gradients_and_a_temporary() -> None:
+    """Stack.grad_accumulation_upcast (DeepSpeed's BF16_Optimizer): every parameter's bf16 gradient stays allocated
+    beside the fp32 buffer, 2 bytes each, and the upcast's fp32 temporary of the largest tensor (the first stage's
+    vocabulary shard) is a transient. A stack that upcasts without an add is refused."""
+    over = ["stack=megatron-deepspeed-2022", "layout.zero=1", "layout.recompute=selective"]  # no layer rebuilt whole
+    no_upcast = ["stack.overrides.grad_accumulation_upcast=false"]
+    plan, plain = (loader.load("gpt3-175b-1k", [*over, *extra]) for extra in ([], no_upcast))
+    first, bare = (rank_memories(p, loader.plan_cluster(p), loader.plan_stack(p))[0] for p in (plan, plain))
+    m, lay = plan.model, plan.layout
+    held = sum(p.dense + p.expert for p in (stage_params(plan, s) for s in (0, lay.pp)))  # rank 0's two chunks
+    assert (first.grads - bare.grads) * 2**30 == pytest.approx(2 * held, rel=1e-9)
+    temporary = 4 * m.vocab / lay.tp * m.hidden  # fp32, the vocabulary shard: larger than the bf16 dense gradient
+    assert bare.transient * 2**30 < temporary and first.transient * 2**30 == pytest.approx(temporary, rel=1e-9)
+    with pytest.raises(PlanError, match="grad_accumulation_upcast"):
+        loader.load("gpt3-175b-1k", [*over, "stack.overrides.wgrad_accumulation_fusion=true"])
 
 
 def test_zero2_gradients_build_up_whole_over_a_steps_microbatches() -> None:

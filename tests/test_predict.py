@@ -13,9 +13,17 @@ from plan import loader
 from plan.schema import Plan
 from twin import api
 from twin.cli.app import app
-from twin.step.comm_costs import layer_comm, overlapped, tp_comm, zero3_layer_exposed
+from twin.step.comm_costs import (
+    dp_costs,
+    dp_reduction,
+    layer_comm,
+    overlapped,
+    tied_embedding_s,
+    tp_comm,
+    zero3_layer_exposed,
+)
 from twin.step.context import StepContext, shape_of, step_context
-from twin.step.ends import embedding_cost
+from twin.step.ends import embedding_cost, head_cost
 from twin.step.kernels import PassCost, layer_cost, sm_margin
 from twin.step.memory import layer_params
 from twin.step.predict import PredictOptions, predict, straggler_factor
@@ -250,8 +258,6 @@ def test_without_wgrad_fusion_the_heads_and_embeddings_gradients_are_added_like_
     to the buffer each microbatch, 2 + 2 x grad_bytes bytes a weight in one kernel, and with
     Stack.grad_accumulation_upcast (DeepSpeed's BF16_Optimizer) its temporary adds 2 x grad_bytes and a kernel; the
     embedding's dense gradient pays the same temporary."""
-    from twin.step.ends import head_cost
-
     over = ["stack=megatron-deepspeed-2022", "training.dtype=bf16"]
     fused, apart, upcast = (
         loader.load("gpt3-175b-1k", [*over, *extra])
@@ -480,8 +486,6 @@ def test_a_tied_embeddings_gradient_is_all_reduced_between_the_first_and_last_st
     (input embedding) and the last (the output layer sharing it) all-reduce their vocabulary shard's gradient, in the
     gradient buffer's dtype, after the data-parallel reduction; no other rank does, and the two-rank all-reduce is
     the ring's 2(n-1)/n of the bytes over the pair's bus bandwidth. An untied model, or one stage, has none."""
-    from twin.step.comm_costs import tied_embedding_s
-
     options = PredictOptions(stragglers=False)
     over = ["layout.dp=1", "layout.zero=0", "layout.pp=4", "layout.virtual_stages=1", "layout.schedule=1f1b"]
     tied, untied = (loader.load("gpt3-175b-1k", [*over, f"model.tied_embeddings={t}"]) for t in ("true", "false"))
@@ -513,7 +517,6 @@ def test_zero1s_gradients_reduce_as_the_stack_says() -> None:
     """Stack.zero_grad_reduce: DeepSpeed's BF16_Optimizer all-reduces the whole fp32 buffer where Megatron's
     distributed optimizer reduce-scatters it, twice the ring's bytes (2(n-1)/n against (n-1)/n); ZeRO-2
     reduce-scatters either way. Stack.grad_wire_dtype bf16 halves what the all-reduce moves."""
-    from twin.step.comm_costs import dp_costs, dp_reduction
 
     def reduction(zero: int, *extra: str) -> tuple[float, str, int]:
         plan = loader.load("gpt3-175b-1k", ["stack=megatron-core-0.8", f"layout.zero={zero}", *extra])

@@ -16,7 +16,15 @@ import pytest
 
 from benchmarks import fit_gemm_table
 from benchmarks.published_figures import TABLES, Row, summary
-from benchmarks.published_mpt import MPT_A100, MPT_A100_40GB, MPT_H100, MPT_H100_FP8, MPT_H100_LARGE, mpt_plan
+from benchmarks.published_mpt import (
+    MPT_A100,
+    MPT_A100_40GB,
+    MPT_H100,
+    MPT_H100_FP8,
+    MPT_H100_LARGE,
+    UNPADDING,
+    mpt_plan,
+)
 from benchmarks.published_nemo2407 import release_gains
 from plan import loader
 from plan.model_math import model_flops_per_token, recompute_flops_per_token
@@ -24,7 +32,9 @@ from twin import api
 from twin.fidelity import FILE as FIDELITY_FILE
 from twin.fidelity import summarise
 from twin.step.compute import Device
-from twin.step.predict import predict, straggler_factor
+from twin.step.context import shape_of, step_context
+from twin.step.kernels import layer_cost
+from twin.step.predict import PredictOptions, predict, straggler_factor
 
 BOUNDS = {  # table: (mean |error|, worst |error|)
     "nccl-tests": (0.03, 0.05),
@@ -229,22 +239,15 @@ def test_llm_foundrys_flash_attention_pays_its_unpadding_every_layer() -> None:
     the output: per token and hidden unit, 6 then 3 16-bit units moved forward (gathers; zeros and index_put), 1.5
     and 0.667 times that backward (zeros and scatter_; a gather), on 28 and 7 kernels. Closed form on one layer of
     the 1B row: nothing else in the layer moves."""
-    from benchmarks.published_mpt import UNPADDING
-    from twin.step.context import shape_of, step_context
-    from twin.step.kernels import layer_cost
-    from twin.step.predict import PredictOptions
-
     row = next(r for r in MPT_H100_LARGE if r.model == "1b")
     with_unpad = mpt_plan(row)
     bare = api.load_plan(
         with_unpad.model_dump() | {"stack": {"name": "llm-foundry-0.3", "overrides": {"attention_kernel": "fa2"}}}
     )
-    costs = []
-    for plan in (with_unpad, bare):
-        ctx = step_context(plan, loader.plan_cluster(plan), PredictOptions(stragglers=False))
-        costs.append(layer_cost(plan.model, shape_of(ctx), ctx.device, ctx.stack, False, plan.layout.recompute))
-        device, tokens = ctx.device, shape_of(ctx).tokens
-    nbytes = tokens * with_unpad.model.hidden * 2
+    contexts = [step_context(p, loader.plan_cluster(p), PredictOptions(stragglers=False)) for p in (with_unpad, bare)]
+    costs = [layer_cost(c.plan.model, shape_of(c), c.device, c.stack, False, c.plan.layout.recompute) for c in contexts]
+    device = contexts[0].device  # the same cluster and dtype for both
+    nbytes = shape_of(contexts[0]).tokens * with_unpad.model.hidden * 2
     forward = device.elementwise_s(9 * nbytes, 28)
     backward = device.elementwise_s(1.5 * 6 * nbytes, 6) + device.elementwise_s(0.667 * 3 * nbytes, 1)
     assert [k["name"] for k in UNPADDING] == ["unpad_qkv", "pad_output"]

@@ -170,7 +170,7 @@ class Bounds:
         reduce_s, _, _ = dp_costs(ctx)
         tied = tied_embedding_s(ctx)
         final = "W" if split else "B"
-        after, tied_after = [], []
+        after, once = [], []
         for r in range(lay.pp):
             mine = [s for s in range(lay.num_stages) if owner[s] == r]
             ready = finish[r]
@@ -181,10 +181,11 @@ class Bounds:
                 link = max(first + BUCKETS * sum(per_bucket.values()), *(ends[s] + per_bucket[s] for s in mine))
                 ready = max(ready, link)
             after.append(ready + (1 - ctx.dp_overlap) * sum(reduce_s.get(s, 0.0) for s in mine))
-            tied_after.append(after[-1] + sum(tied.get(s, 0.0) for s in mine))
+            once.append(sum(tied.get(s, 0.0) for s in mine))
         barrier = ctx.time("all_reduce", NORM_REDUCTION_BYTES, ctx.span("dp", "pp", "cp", "tp"))
         runs = lay.schedule_runs  # a step's runs in turn (the tied all-reduce, once a step, left out of several)
-        step = (runs * max(after) if runs > 1 else max(tied_after)) + barrier + max(optimizer_s(ctx).values())
+        last = max(a + t for a, t in zip(after, once, strict=True)) if runs == 1 else runs * max(after)
+        step = last + barrier + max(optimizer_s(ctx).values())
         step *= 1.0 if exact else 1.0 - WALK_MARGIN
         gpu = self.cluster.accelerator.kind != "cpu"
         return step * (straggler_factor(self.cluster, shape.gpus) if gpu else 1.0)

@@ -67,6 +67,10 @@ class PipelineInput:
     overlap_costs: Mapping[tuple[str, int], ActionCost] = field(default_factory=dict)
     """Costs of actions run as one half of an overlapped forward-backward pair (DualPipe), where they differ."""
 
+    def tied_rank_s(self, rank: int) -> float:
+        """Seconds of the tied embedding's all-reduce (tied_stage_s) that `rank`'s stages run."""
+        return sum(seconds for stage, seconds in self.tied_stage_s.items() if self.stage_rank[stage] == rank)
+
     def cost(self, a: Action) -> ActionCost:
         """What action `a` costs."""
         return self.cost_of(a.kind, a.stage, a.overlap)

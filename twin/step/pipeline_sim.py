@@ -301,7 +301,7 @@ class PipelineSim:
             yield self.work(rank, after)
         times.dp += self.env.now - compute_end
         self.mark(rank, "DP", compute_end, self.env.now)
-        tied = sum(self.inp.tied_stage_s.get(s, 0.0) for s in stages)
+        tied = self.inp.tied_rank_s(rank)
         if tied > 0:  # after the data-parallel reduction, never under compute
             start = self.env.now
             yield self.work(rank, tied)

@@ -188,14 +188,12 @@ def _predict(plan: Plan, cluster: Cluster | None, options: PredictOptions) -> St
         result = simulate(replace(inp, orders=orders_for(m)))
     else:
         result = simulate_extended(inp, orders_for, lay.schedule, lay.pp, m)
-    tied = {r: sum(t for st, t in inp.tied_stage_s.items() if inp.stage_rank[st] == r) for r in set(inp.stage_rank)}
+    tied = {r: inp.tied_rank_s(r) for r in range(len(result.ranks))}
     result = repeated(result, lay.schedule_runs, inp.barrier_s, tied)
     return _summarise(ctx, result, rank_memory(plan, cluster, ctx.stack), param_gather, kinds)
 
 
-def repeated(
-    result: PipelineResult, runs: int, barrier_s: float, tied: Mapping[int, float] | None = None
-) -> PipelineResult:
+def repeated(result: PipelineResult, runs: int, barrier_s: float, tied: Mapping[int, float]) -> PipelineResult:
     """A step of `runs` runs of the simulated schedule (Layout.schedule_runs), one after another: each run's fill,
     drain and gradient reduction again, the step-end gradient-norm all-reduce, a tied embedding's all-reduce (each
     rank's `tied` seconds: the trainer finalizes its gradients once a step) and the optimizer once. Every rank
@@ -209,7 +207,7 @@ def repeated(
     ranks, shift = [], {}
     for r, t in enumerate(result.ranks):
         tail = result.step_s - t.end  # waiting for the slowest optimizer, once
-        once = (tied or {}).get(r, 0.0)
+        once = tied.get(r, 0.0)
         before = t.end - t.optimizer - barrier_s - once  # the rank's run up to the barrier, less what runs once
         shift[r] = (runs - 1) * before
         ranks.append(
